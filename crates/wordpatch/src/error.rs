@@ -1,0 +1,86 @@
+//! The one error type of this crate.
+
+/// Why a patch was refused. Nothing was written when one of these is returned,
+/// except where the variant says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A patch must be 1..=8 bytes long.
+    #[error("patch length {0} is out of range 1..=8")]
+    InvalidLength(usize),
+    /// The address is not inside any mapping of this process.
+    #[error("address {addr:#x} is not mapped")]
+    NotMapped {
+        /// The first unmapped byte.
+        addr: usize,
+    },
+    /// The address is mapped, but not executable: this crate patches code only.
+    #[error("address {addr:#x} is not in an executable mapping")]
+    NotExecutable {
+        /// The first byte found in a non-executable page.
+        addr: usize,
+    },
+    /// `mprotect` refused to make a code page writable.
+    #[error("cannot make page {page:#x} writable: errno {errno}")]
+    Protect {
+        /// The page that stayed read-only.
+        page: usize,
+        /// The errno `mprotect` returned.
+        errno: i32,
+    },
+    /// More distinct code pages were made writable than the page table holds.
+    #[error("too many patched code pages (limit {limit})")]
+    TooManyPages {
+        /// The table's capacity.
+        limit: usize,
+    },
+    /// Another straddling patch holds the INT3 lock on this very site.
+    #[error("site {site:#x} is locked by another patch in flight")]
+    SiteLocked {
+        /// The site.
+        site: usize,
+    },
+    /// A patch in flight covers some of these bytes but starts elsewhere.
+    #[error("patch at {site:#x} overlaps the patch in flight at {other:#x}")]
+    OverlapInFlight {
+        /// The refused patch.
+        site: usize,
+        /// The patch in flight it collides with.
+        other: usize,
+    },
+    /// The caller stated the current bytes and the code holds others.
+    #[error("bytes at {site:#x} are {found:02x?}, expected {expected:02x?}")]
+    Unexpected {
+        /// The site.
+        site: usize,
+        /// What the code holds.
+        found: Vec<u8>,
+        /// What the caller said it holds.
+        expected: Vec<u8>,
+    },
+    /// The INT3 lock cannot be told apart from a straddling patch whose new
+    /// first byte is itself INT3, so such a patch is refused.
+    #[error("a straddling patch at {site:#x} may not start with the INT3 byte 0xcc")]
+    StartsWithInt3 {
+        /// The site.
+        site: usize,
+    },
+    /// Every slot of the table of straddling patches in flight near this site is
+    /// taken: finish some (see [`flush`](crate::flush)) and retry.
+    #[error("too many straddling patches in flight near {site:#x}")]
+    TooManyInFlight {
+        /// The site.
+        site: usize,
+    },
+    /// The insert-only set of straddling sites is full.
+    #[error("too many distinct straddling sites (limit {limit})")]
+    TooManyStraddlerSites {
+        /// The set's capacity.
+        limit: usize,
+    },
+    /// The kernel lacks `MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE` (Linux >= 4.16 on x86).
+    #[error("membarrier SYNC_CORE is unavailable: {0}")]
+    SyncCoreUnsupported(String),
+    /// Installing the SIGTRAP handler failed.
+    #[error("cannot install the SIGTRAP handler: errno {0}")]
+    SignalHandler(i32),
+}

@@ -1,0 +1,329 @@
+//! The table of straddling patches in flight, and the state machine that moves
+//! each through the paper's protocol (Fig. 6-7):
+//!
+//! ```text
+//! claim slot ─► xchg INT3 ─► FIRST_WAIT ─(wait)─► write back part ─► SECOND_WAIT
+//!                                        ─(wait)─► write front part (unlocks) ─► FINISHED (slot freed)
+//! ```
+//!
+//! Slots are found by hashing the cache-line boundary a patch crosses. Two
+//! straddling patches of at most 8 bytes overlap exactly when they cross the
+//! same boundary, so overlap detection is a scan of one short window.
+//!
+//! Anyone may advance a patch: its patcher, [`flush`](crate::flush), the
+//! background [`Finisher`](crate::Finisher), or a thread that trapped on its
+//! INT3. Each step is taken under the slot's try-lock and only once its wait
+//! has elapsed since the previous step, so who takes it does not matter; a
+//! patch therefore completes even if its patcher is descheduled, and a thread
+//! that runs into its own pending patch does not deadlock. Everything here is
+//! async-signal-safe: atomics, `rdtsc`, locked stores, and `membarrier`.
+
+use crate::error::Error;
+use crate::geometry::{line_start, CACHE_LINE};
+use crate::raw;
+use crate::tsc;
+use crate::wait::{self, Wait};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+/// Number of slots.
+pub const SLOTS: usize = 4096;
+/// Slots probed around a boundary's home slot: at most this many straddlers
+/// whose boundaries hash near each other may be in flight at once.
+const WINDOW: usize = 32;
+
+const FIRST_WAIT: u8 = 1;
+const SECOND_WAIT: u8 = 2;
+/// `wait` value meaning [`Wait::SyncCore`].
+const SYNC: u64 = u64::MAX;
+pub(crate) const INT3: u8 = 0xCC;
+
+struct Slot {
+    /// Site address; 0 while free.
+    site: AtomicUsize,
+    /// Bumped whenever the slot is freed: (index, seq) names one patch.
+    seq: AtomicU64,
+    /// Held while someone advances the patch. Free slots stay locked, so only
+    /// the claimer can touch a slot until it publishes it.
+    lock: AtomicBool,
+    state: AtomicU8,
+    len: AtomicU8,
+    bytes: AtomicU64,
+    /// TSC of the last step, or the barrier generation for SyncCore.
+    stamp: AtomicU64,
+    /// T_max ticks, or SYNC.
+    wait: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Slot {
+            site: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            lock: AtomicBool::new(true),
+            state: AtomicU8::new(0),
+            len: AtomicU8::new(0),
+            bytes: AtomicU64::new(0),
+            stamp: AtomicU64::new(0),
+            wait: AtomicU64::new(0),
+        }
+    }
+}
+
+static TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One claimed patch: its slot index and the slot's sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    idx: usize,
+    seq: u64,
+}
+
+/// What an attempt to advance a patch achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The patch is complete (by us or someone else).
+    Done,
+    /// Its wait has not elapsed yet, or we just took a step.
+    Waiting,
+    /// Someone else holds the slot right now.
+    Busy,
+}
+
+fn boundary_of(site: usize) -> usize {
+    line_start(site) + CACHE_LINE
+}
+
+fn window(boundary: usize) -> impl Iterator<Item = usize> {
+    let home = ((boundary / CACHE_LINE).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % SLOTS;
+    (0..WINDOW).map(move |k| (home + k) % SLOTS)
+}
+
+fn encode(w: Wait) -> u64 {
+    match w {
+        Wait::Tmax(t) => t.min(SYNC - 1),
+        Wait::SyncCore => SYNC,
+    }
+}
+
+/// Number of straddling patches in flight.
+pub fn pending() -> usize {
+    IN_FLIGHT.load(Ordering::SeqCst)
+}
+
+/// Claims a slot for a straddling patch and checks no other patch in flight
+/// crosses the same boundary. The slot stays locked and unpublished until
+/// [`publish`] (after the INT3 lock succeeded) or [`abandon`].
+pub(crate) fn claim(site: usize, new: &[u8], w: Wait) -> Result<Ticket, Error> {
+    let boundary = boundary_of(site);
+    let mut bytes = [0u8; 8];
+    bytes[..new.len()].copy_from_slice(new);
+    for idx in window(boundary) {
+        let slot = &TABLE[idx];
+        if slot.site.load(Ordering::Relaxed) != 0
+            || slot.site.compare_exchange(0, site, Ordering::SeqCst, Ordering::Relaxed).is_err()
+        {
+            continue;
+        }
+        slot.len.store(new.len() as u8, Ordering::Relaxed);
+        slot.bytes.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        slot.wait.store(encode(w), Ordering::Relaxed);
+        slot.state.store(FIRST_WAIT, Ordering::Relaxed);
+        let t = Ticket {
+            idx,
+            seq: slot.seq.load(Ordering::Relaxed),
+        };
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        // Same-site rivals are settled by the INT3 exchange, so that one of
+        // them always wins; a different site on the same boundary overlaps.
+        for j in window(boundary) {
+            let other = TABLE[j].site.load(Ordering::SeqCst);
+            if j != idx && other != 0 && other != site && boundary_of(other) == boundary {
+                abandon(t);
+                return Err(Error::OverlapInFlight { site, other });
+            }
+        }
+        return Ok(t);
+    }
+    Err(Error::TooManyInFlight { site })
+}
+
+/// Frees a claimed slot whose INT3 lock was not taken (or was given back).
+pub(crate) fn abandon(t: Ticket) {
+    let slot = &TABLE[t.idx];
+    slot.seq.fetch_add(1, Ordering::SeqCst);
+    slot.site.store(0, Ordering::SeqCst);
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Starts the first wait of a claimed patch whose INT3 is now in place.
+pub(crate) fn publish(t: Ticket) {
+    let slot = &TABLE[t.idx];
+    let stamp = if slot.wait.load(Ordering::Relaxed) == SYNC {
+        wait::sync_stamp()
+    } else {
+        tsc::now_ordered()
+    };
+    slot.stamp.store(stamp, Ordering::Relaxed);
+    slot.lock.store(false, Ordering::Release);
+}
+
+/// Where the patch at `t` is and when its current wait ends (TSC), for a
+/// patcher that wants to sleep-spin instead of hammering the slot.
+pub(crate) fn deadline(t: Ticket) -> Option<u64> {
+    let slot = &TABLE[t.idx];
+    let w = slot.wait.load(Ordering::Relaxed);
+    (w != SYNC).then(|| slot.stamp.load(Ordering::Relaxed).wrapping_add(w))
+}
+
+/// True while the patch named by `t` is in flight.
+pub(crate) fn live(t: Ticket) -> bool {
+    TABLE[t.idx].seq.load(Ordering::Acquire) == t.seq
+}
+
+fn write_back(site: usize, len: usize, bytes: [u8; 8]) {
+    let split = CACHE_LINE - site % CACHE_LINE;
+    // SAFETY: the site's pages were made writable before the patch was
+    // claimed; the back part lies inside the line after the boundary.
+    let _ = unsafe { raw::store_in_line((site + split) as *mut u8, &bytes[split..len], None) };
+}
+
+fn write_front(site: usize, bytes: [u8; 8]) {
+    let split = CACHE_LINE - site % CACHE_LINE;
+    // SAFETY: as in write_back; the front part ends at the boundary. Its first
+    // byte replaces our INT3, which releases the site.
+    let _ = unsafe { raw::store_in_line(site as *mut u8, &bytes[..split], None) };
+}
+
+/// Tries to take the next step of the patch `t`. With `may_sync`, a SyncCore
+/// patch whose barrier is due runs the barrier itself (blocking ~µs).
+pub(crate) fn advance(t: Ticket, may_sync: bool) -> Step {
+    let slot = &TABLE[t.idx];
+    if !live(t) {
+        return Step::Done;
+    }
+    if slot.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        return if live(t) { Step::Busy } else { Step::Done };
+    }
+    if slot.seq.load(Ordering::Relaxed) != t.seq {
+        // The slot was freed and claimed again by another patch.
+        slot.lock.store(false, Ordering::Release);
+        return Step::Done;
+    }
+    let w = slot.wait.load(Ordering::Relaxed);
+    let stamp = slot.stamp.load(Ordering::Relaxed);
+    let ready = if w == SYNC {
+        if !wait::synced_since(stamp) && may_sync {
+            wait::sync_core();
+        }
+        wait::synced_since(stamp)
+    } else {
+        tsc::now().wrapping_sub(stamp) >= w
+    };
+    if !ready {
+        slot.lock.store(false, Ordering::Release);
+        return Step::Waiting;
+    }
+    let site = slot.site.load(Ordering::Relaxed);
+    let len = slot.len.load(Ordering::Relaxed) as usize;
+    let bytes = slot.bytes.load(Ordering::Relaxed).to_le_bytes();
+    match slot.state.load(Ordering::Relaxed) {
+        FIRST_WAIT => {
+            write_back(site, len, bytes);
+            let stamp = if w == SYNC { wait::sync_stamp() } else { tsc::now_ordered() };
+            slot.stamp.store(stamp, Ordering::Relaxed);
+            slot.state.store(SECOND_WAIT, Ordering::Relaxed);
+            slot.lock.store(false, Ordering::Release);
+            Step::Waiting
+        }
+        _ => {
+            write_front(site, bytes);
+            // The slot stays locked: free slots are locked.
+            slot.seq.fetch_add(1, Ordering::SeqCst);
+            slot.site.store(0, Ordering::SeqCst);
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+            Step::Done
+        }
+    }
+}
+
+/// The patch in flight at exactly `site`, if any.
+pub(crate) fn find(site: usize) -> Option<Ticket> {
+    for idx in window(boundary_of(site)) {
+        let slot = &TABLE[idx];
+        if slot.site.load(Ordering::Acquire) == site {
+            let seq = slot.seq.load(Ordering::Acquire);
+            if slot.site.load(Ordering::Acquire) == site {
+                return Some(Ticket { idx, seq });
+            }
+        }
+    }
+    None
+}
+
+/// A patch in flight that overlaps `len` bytes at `addr` (which must not
+/// straddle), if any. Costs one load when nothing is in flight.
+pub(crate) fn overlapping(addr: usize, len: usize) -> Option<usize> {
+    if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        return None;
+    }
+    // A straddler overlapping a range in line L crosses L's start or L's end.
+    for boundary in [line_start(addr), line_start(addr) + CACHE_LINE] {
+        for idx in window(boundary) {
+            let slot = &TABLE[idx];
+            let s = slot.site.load(Ordering::SeqCst);
+            if s == 0 || boundary_of(s) != boundary {
+                continue;
+            }
+            // A slot being claimed may not show its length yet: assume the most.
+            let l = match slot.len.load(Ordering::SeqCst) as usize {
+                0 => 8,
+                l => l,
+            };
+            if s < addr + len && addr < s + l {
+                return Some(s);
+            }
+        }
+    }
+    None
+}
+
+/// Every patch in flight, as tickets, for a finishing pass.
+pub(crate) fn for_each_in_flight(mut f: impl FnMut(Ticket, bool)) {
+    if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    for (idx, slot) in TABLE.iter().enumerate() {
+        if slot.site.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let seq = slot.seq.load(Ordering::Acquire);
+        let sync = slot.wait.load(Ordering::Relaxed) == SYNC;
+        f(Ticket { idx, seq }, sync);
+    }
+}
+
+/// Called by the SIGTRAP handler for an INT3 at `site`: if the trap is ours,
+/// helps the patch to completion, returns true, and the handler re-executes
+/// the site. Returns false for a trap that is not ours.
+pub(crate) fn wait_out(site: usize) -> bool {
+    loop {
+        if let Some(t) = find(site) {
+            while advance(t, true) != Step::Done {
+                core::hint::spin_loop();
+            }
+            return true;
+        }
+        if !crate::sites::contains(site) {
+            return false;
+        }
+        // SAFETY: `site` was just executed, so it is mapped and readable.
+        if unsafe { raw::load_u8(site) } != INT3 {
+            // A stale INT3 of a finished patch: the new code is in place.
+            return true;
+        }
+        // INT3 present but its slot not visible yet: the patcher is between
+        // claiming and publishing. Look again.
+        core::hint::spin_loop();
+    }
+}

@@ -1,0 +1,52 @@
+//! Patch 1..=8 bytes of live x86-64 code while every thread keeps running.
+//!
+//! The model (Chamith et al., PLDI 2016, §3): instruction fetch reads whole
+//! 64-byte lines, may keep a stale copy for at most T_max, and never invents
+//! bytes; a store of up to 8 bytes inside one line is seen whole or not at
+//! all. So:
+//!
+//! - a patch inside one line ([`is_straddler`] is false) is one
+//!   `lock cmpxchg` on the 8-byte window around it: atomic for every core,
+//!   neighbouring bytes untouched, no wait;
+//! - a patch that crosses a line (a *straddler*) is locked by exchanging its
+//!   first byte for INT3, then the part after the boundary is written, then
+//!   the part before it (which removes the INT3), with a wait between steps
+//!   ([`Wait::Tmax`] ticks, or a [`Wait::SyncCore`] membarrier). A thread
+//!   that runs into the INT3 waits in a SIGTRAP handler, helping the patch
+//!   along, and re-executes the finished instruction.
+//!
+//! [`patch`] does all of it before returning; [`start_patch`] returns after
+//! the lock and leaves the rest to [`finish_patch`], [`flush`] or a
+//! [`Finisher`] thread, so one thread can keep thousands of straddlers in
+//! flight and pay the waits once.
+//!
+//! Code pages are made writable on first use and stay so ([`make_writable`]).
+//! Intel's and AMD's manuals bless only "serialize before executing modified
+//! code"; [`Wait::SyncCore`] is that protocol, and everything else rests on
+//! the model, which this project tests by stress (`stress` crate).
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod finisher;
+mod geometry;
+mod inflight;
+mod patch;
+mod raw;
+mod sites;
+mod trap;
+pub mod tsc;
+mod wait;
+mod writable;
+
+pub use config::{config_path, ConfigError, MachineConfig};
+pub use error::Error;
+pub use finisher::Finisher;
+pub use geometry::{is_straddler, line_start, split, CACHE_LINE, MAX_PATCH_LEN};
+pub use inflight::SLOTS as MAX_IN_FLIGHT_TABLE;
+pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
+pub use raw::{read_code, store_in_line, Mismatch};
+pub use sites::MAX_STRADDLER_SITES;
+pub use trap::install_trap_handler;
+pub use wait::{default_wait, ensure_sync_core, set_default_wait, Wait, WaitSource, BUILTIN_TMAX};
+pub use writable::{make_writable, pages_tracked, PAGE_SIZE};

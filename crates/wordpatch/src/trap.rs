@@ -1,0 +1,134 @@
+//! The SIGTRAP handler that makes the INT3 lock safe to run into.
+//!
+//! A thread that executes a site locked by a straddling patch traps. The
+//! handler (installed once, on the first straddling patch) looks the site up
+//! in the in-flight table, helps the patch to completion, rewinds RIP to the
+//! site and returns, so the thread executes the finished instruction. Every
+//! other SIGTRAP (the application's own `int3`, `raise`, `kill`, single-step)
+//! goes to the disposition that was in place before: a handler is called with
+//! the same arguments, `SIG_IGN` ignores, `SIG_DFL` is restored and the signal
+//! raised again so the process dies as it would have.
+//!
+//! Async-signal-safe throughout: no allocation, no locks, no formatting.
+//!
+//! Limitation: a SIGTRAP handler installed by the application *after*
+//! wordpatch replaces ours; straddling patches in flight then reach it.
+//! [`install_trap_handler`] may be called again to re-chain.
+
+use crate::error::Error;
+use crate::inflight;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// `si_code` of the SIGTRAP the kernel sends for an `int3` instruction.
+const SI_KERNEL: libc::c_int = 0x80;
+
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// The disposition found before ours. Written only under `INSTALL` while our
+/// handler is not yet installed (or being re-installed over a foreign one),
+/// read only by the handler.
+struct Prev(std::cell::UnsafeCell<libc::sigaction>);
+// SAFETY: written before the handler that reads it is installed (sigaction is
+// a full barrier for the signal's delivery), and never written while ours is
+// the installed handler.
+unsafe impl Sync for Prev {}
+// SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
+static PREV: Prev = Prev(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+/// Installs the SIGTRAP handler if it is not installed. Idempotent and cheap
+/// after the first call. Calling it again after the application replaced the
+/// handler re-installs ours, chaining to the application's.
+pub fn install_trap_handler() -> Result<(), Error> {
+    if INSTALLED.load(Ordering::Acquire) && current_is_ours() {
+        return Ok(());
+    }
+    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if INSTALLED.load(Ordering::Acquire) && current_is_ours() {
+        return Ok(());
+    }
+    // SAFETY: plain sigaction calls with valid pointers. PREV is written while
+    // our handler is not installed, so no handler reads it concurrently.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut old) != 0 {
+            return Err(Error::SignalHandler(errno()));
+        }
+        *PREV.0.get() = old;
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigtrap as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut()) != 0 {
+            return Err(Error::SignalHandler(errno()));
+        }
+    }
+    INSTALLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn current_is_ours() -> bool {
+    // SAFETY: query only.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur) == 0 && cur.sa_sigaction == on_sigtrap as *const () as usize
+    }
+}
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes valid siginfo and ucontext pointers to an
+    // SA_SIGINFO handler; RIP is read and written through the ucontext the
+    // kernel restores on return, which is how a handler redirects a thread.
+    unsafe {
+        if (*info).si_code == SI_KERNEL && !ctx.is_null() {
+            let uc = ctx as *mut libc::ucontext_t;
+            let rip = (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+            let site = rip.wrapping_sub(1);
+            if inflight::wait_out(site) {
+                (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = site as i64;
+                return;
+            }
+        }
+        chain(sig, info, ctx);
+    }
+}
+
+/// Hands a SIGTRAP that is not ours to the disposition found before ours.
+///
+/// # Safety
+/// Called from the signal handler with the kernel's arguments.
+unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: PREV is not written while our handler is installed (see Prev).
+    let prev = unsafe { &*PREV.0.get() };
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // SAFETY: restoring the default disposition and re-raising are
+            // async-signal-safe; the raised signal is blocked until we return,
+            // then takes the default action (terminate with core).
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+        }
+        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the previous disposition declared an SA_SIGINFO handler
+            // at this address.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        }
+        h => {
+            // SAFETY: the previous disposition declared a plain handler here.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Making code pages writable: lazily, once per page, tracked.
+//!
+//! The first patch that touches a page checks `/proc/self/maps` (the page must
+//! be mapped and executable) and, if the page is not writable yet, `mprotect`s
+//! it to read+write+execute. The page is recorded in a fixed lock-free set, so
+//! every later patch on it costs one hash probe and no syscall. Pages are never
+//! made read-only again: code may be toggled again at any moment, and a second
+//! `mprotect` per toggle would cost far more than the toggle itself.
+//!
+//! Costs, stated in the README too: each touched page of a file-backed text
+//! segment becomes a private copy (4 KiB of anonymous memory per page, no
+//! longer shared with other processes mapping the same file), and the page
+//! stays writable and executable (W^X is given up for patched pages only).
+
+use crate::error::Error;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Base page size on x86-64 Linux.
+pub const PAGE_SIZE: usize = 4096;
+
+const CAPACITY: usize = 1 << 16;
+static PAGES: [AtomicUsize; CAPACITY] = [const { AtomicUsize::new(0) }; CAPACITY];
+static GROW: Mutex<usize> = Mutex::new(0);
+
+fn slot_of(page: usize) -> usize {
+    ((page / PAGE_SIZE).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) % CAPACITY
+}
+
+fn known(page: usize) -> bool {
+    let mut i = slot_of(page);
+    for _ in 0..CAPACITY {
+        match PAGES[i].load(Ordering::Acquire) {
+            0 => return false,
+            p if p == page => return true,
+            _ => i = (i + 1) % CAPACITY,
+        }
+    }
+    false
+}
+
+/// Makes every page of `len` bytes at `addr` writable if it is not already,
+/// after checking it is mapped and executable. Cheap after the first call for
+/// a page. Patching functions call it themselves; call it up front to take
+/// the one-time cost out of a hot toggle path.
+pub fn make_writable(addr: *const u8, len: usize) -> Result<(), Error> {
+    let start = addr as usize & !(PAGE_SIZE - 1);
+    let end = addr as usize + len.max(1);
+    let mut page = start;
+    while page < end {
+        if !known(page) {
+            add_page(page)?;
+        }
+        page += PAGE_SIZE;
+    }
+    Ok(())
+}
+
+struct Mapping {
+    end: usize,
+    writable: bool,
+    executable: bool,
+}
+
+fn find_mapping(maps: &str, page: usize) -> Option<Mapping> {
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if a <= page && page < b {
+            let p = perms.as_bytes();
+            return Some(Mapping {
+                end: b,
+                writable: p.get(1) == Some(&b'w'),
+                executable: p.get(2) == Some(&b'x'),
+            });
+        }
+    }
+    None
+}
+
+#[cold]
+fn add_page(page: usize) -> Result<(), Error> {
+    let mut count = GROW.lock().unwrap_or_else(|e| e.into_inner());
+    if known(page) {
+        return Ok(());
+    }
+    if *count >= CAPACITY * 3 / 4 {
+        return Err(Error::TooManyPages {
+            limit: CAPACITY * 3 / 4,
+        });
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let m = find_mapping(&maps, page).ok_or(Error::NotMapped { addr: page })?;
+    if !m.executable {
+        return Err(Error::NotExecutable { addr: page });
+    }
+    debug_assert!(m.end > page);
+    if !m.writable {
+        // SAFETY: the page is mapped (checked above) and adding write
+        // permission to code changes no byte of it.
+        let rc = unsafe {
+            libc::mprotect(
+                page as *mut libc::c_void,
+                PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::Protect {
+                page,
+                errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            });
+        }
+    }
+    let mut i = slot_of(page);
+    while PAGES[i].load(Ordering::Relaxed) != 0 {
+        i = (i + 1) % CAPACITY;
+    }
+    PAGES[i].store(page, Ordering::Release);
+    *count += 1;
+    Ok(())
+}
+
+/// Number of code pages this process has made writable (or found writable) so far.
+pub fn pages_tracked() -> usize {
+    *GROW.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads one byte to fault in the page early; used by tests.
+#[cfg(test)]
+pub(crate) fn touch(addr: usize) -> u8 {
+    // SAFETY: tests pass addresses of their own mapped pages.
+    unsafe { crate::raw::load_u8(addr) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_parsing() {
+        let maps = "00400000-00401000 r-xp 00000000 08:01 1 /bin/x\n\
+                    00601000-00602000 rw-p 00000000 08:01 1 /bin/x\n";
+        let m = find_mapping(maps, 0x400000).unwrap();
+        assert!(m.executable && !m.writable && m.end == 0x401000);
+        let m = find_mapping(maps, 0x601000).unwrap();
+        assert!(!m.executable && m.writable);
+        assert!(find_mapping(maps, 0x500000).is_none());
+    }
+
+    #[test]
+    fn data_is_refused_and_unmapped_is_refused() {
+        let data = Box::new([0u8; 64]);
+        assert!(matches!(
+            make_writable(data.as_ptr(), 1),
+            Err(Error::NotExecutable { .. })
+        ));
+        assert!(matches!(
+            make_writable(8 as *const u8, 1),
+            Err(Error::NotMapped { .. })
+        ));
+    }
+
+    #[test]
+    fn code_page_becomes_writable_once() {
+        let m = memmap2::MmapOptions::new()
+            .len(PAGE_SIZE)
+            .map_anon()
+            .unwrap()
+            .make_exec()
+            .unwrap();
+        let p = m.as_ptr();
+        let _ = touch(p as usize);
+        make_writable(p, 1).unwrap();
+        let before = pages_tracked();
+        make_writable(p, 16).unwrap();
+        assert_eq!(pages_tracked(), before, "second call must not add the page again");
+        // SAFETY: the page was just made writable.
+        unsafe { crate::raw::xchg_u8(p as usize, 0x90) };
+    }
+}
