@@ -47,6 +47,6 @@ pub use inflight::SLOTS as MAX_IN_FLIGHT_TABLE;
 pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
 pub use raw::{read_code, store_in_line, Mismatch};
 pub use sites::MAX_STRADDLER_SITES;
-pub use trap::install_trap_handler;
+pub use trap::{install_trap_handler, traps_handled};
 pub use wait::{default_wait, ensure_sync_core, set_default_wait, Wait, WaitSource, BUILTIN_TMAX};
 pub use writable::{make_writable, pages_tracked, PAGE_SIZE};

@@ -17,13 +17,21 @@
 
 use crate::error::Error;
 use crate::inflight;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// `si_code` of the SIGTRAP the kernel sends for an `int3` instruction.
 const SI_KERNEL: libc::c_int = 0x80;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+static TRAPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many INT3 traps on patch sites the handler has resolved in this
+/// process: threads that ran into a straddling patch while it was in flight
+/// (or a stale view of one just finished).
+pub fn traps_handled() -> u64 {
+    TRAPS.load(Ordering::Relaxed)
+}
 static INSTALL: Mutex<()> = Mutex::new(());
 
 /// The disposition found before ours. Written only under `INSTALL` while our
@@ -90,6 +98,7 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
             let rip = (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
             let site = rip.wrapping_sub(1);
             if inflight::wait_out(site) {
+                TRAPS.fetch_add(1, Ordering::Relaxed);
                 (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = site as i64;
                 return;
             }

@@ -1,0 +1,267 @@
+//! Tick measurements of every toggle operation, each beside a baseline taken
+//! in the same run, reported as median and p90 in TSC ticks.
+//!
+//! The TSC of a virtual machine may advance in coarse steps (26 ticks on this
+//! project's VM), so cheap operations are timed in batches and divided; the
+//! resolution found is printed with the results.
+
+use crate::fixture::{Fixture, NOP5};
+use crate::strategy::{Strategy, Toggler};
+use callpatch::{CallSite, Form, Mode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use wordpatch::tsc;
+
+/// Median and p90 of per-operation samples, in ticks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    /// Median.
+    pub median: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Samples.
+    pub n: usize,
+}
+
+impl Stats {
+    /// Summarises samples (sorted in place).
+    pub fn of(samples: &mut [f64]) -> Stats {
+        assert!(!samples.is_empty());
+        samples.sort_by(|a, b| a.total_cmp(b));
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Stats {
+            median: at(0.5),
+            p90: at(0.9),
+            n: samples.len(),
+        }
+    }
+}
+
+/// Times `reps` batches of `batch` calls of `op` (the call index is passed)
+/// and returns per-call ticks.
+pub fn batched(batch: u64, reps: usize, mut op: impl FnMut(u64)) -> Stats {
+    let mut v = Vec::with_capacity(reps);
+    let mut i = 0u64;
+    for _ in 0..reps {
+        let t0 = tsc::now_ordered();
+        for _ in 0..batch {
+            op(i);
+            i += 1;
+        }
+        let t1 = tsc::now_ordered();
+        v.push((t1 - t0) as f64 / batch as f64);
+    }
+    Stats::of(&mut v)
+}
+
+/// The smallest non-zero step of the TSC seen in a tight loop.
+pub fn tsc_resolution() -> u64 {
+    let mut best = u64::MAX;
+    for _ in 0..1000 {
+        let a = tsc::now();
+        let mut b = tsc::now();
+        while b == a {
+            b = tsc::now();
+        }
+        best = best.min(b - a);
+    }
+    best
+}
+
+/// One row of the report.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// What was measured.
+    pub op: String,
+    /// Ticks per operation.
+    pub stats: Stats,
+    /// The baseline's median, measured in the same run.
+    pub baseline: f64,
+}
+
+impl Row {
+    /// `op | median | p90 | ratio` as a Markdown table row.
+    pub fn markdown(&self) -> String {
+        format!(
+            "| {} | {:.1} | {:.1} | {:.2}x |",
+            self.op,
+            self.stats.median,
+            self.stats.p90,
+            self.stats.median / self.baseline
+        )
+    }
+}
+
+/// A plain one-byte store to an idle code line, batched: the baseline every
+/// toggle is compared with (a toggle is at least one store to code).
+pub fn baseline_store(reps: usize) -> Stats {
+    let fx = Fixture::new(Form::CallRel32, 0).expect("fixture");
+    let p = unsafe { fx.site.add(fx.form.len()) } as *mut u8; // the `ret` after the site
+    batched(64, reps, |_| {
+        // SAFETY: the fixture's page is writable; storing its own `ret` byte
+        // back changes nothing any thread could observe.
+        unsafe { std::ptr::write_volatile(p, 0xC3) }
+    })
+}
+
+/// Toggle cost of `strategy` on an idle site of `form` at `split`, per toggle.
+pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
+    let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
+    let t = Toggler::new(&fx, strategy)?;
+    let slow = wordpatch::is_straddler(fx.site as usize, form.len()) && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
+    let batch = if slow { 1 } else { 64 };
+    let r = batched(batch, reps, |i| {
+        t.set(i % 2 == 1).expect("toggle");
+    });
+    t.set(true)?;
+    Ok(r)
+}
+
+/// Toggle cost while another thread executes the site in a loop.
+pub fn toggle_busy(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
+    let fx = Arc::new(Fixture::new(form, split).map_err(|e| e.to_string())?);
+    let t = Toggler::new(&fx, strategy)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (f2, s2) = (fx.clone(), stop.clone());
+    let h = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !s2.load(Ordering::Relaxed) {
+            n = n.wrapping_add((f2.entry)());
+        }
+        n
+    });
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let slow = wordpatch::is_straddler(fx.site as usize, form.len()) && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
+    let r = batched(if slow { 1 } else { 16 }, reps, |i| {
+        t.set(i % 2 == 1).expect("toggle");
+    });
+    t.set(true)?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    Ok(r)
+}
+
+/// `start_patch` alone on a straddling site (the asynchronous fast half),
+/// completed by `flush` outside the timed region.
+pub fn async_start(split: usize, reps: usize) -> Result<Stats, String> {
+    let fx = Fixture::new(Form::CallRel32, split).map_err(|e| e.to_string())?;
+    wordpatch::make_writable(fx.site, 5).map_err(|e| e.to_string())?;
+    let on = fx.on_bytes();
+    let mut v = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let new: &[u8] = if i % 2 == 0 { &NOP5 } else { &on };
+        let t0 = tsc::now_ordered();
+        // SAFETY: the fixture's site holds the other state; both are valid code.
+        unsafe { wordpatch::start_patch(fx.site, new, &wordpatch::PatchOptions::default()) }.map_err(|e| e.to_string())?;
+        let t1 = tsc::now_ordered();
+        v.push((t1 - t0) as f64);
+        wordpatch::flush();
+    }
+    if fx.on_bytes() != on {
+        return Err("fixture changed".into());
+    }
+    // SAFETY: as above.
+    unsafe { wordpatch::patch(fx.site, &on) }.map_err(|e| e.to_string())?;
+    Ok(Stats::of(&mut v))
+}
+
+/// A region of `n` idle `call rel32` sites (a `ret` target), laid out at a
+/// 13-byte stride so that about 6% straddle, as probes in real code do.
+pub struct SiteField {
+    base: *mut u8,
+    len: usize,
+    /// The sites, prepared for toggling.
+    pub sites: Vec<CallSite>,
+}
+
+impl SiteField {
+    /// Generates the field and prepares every site (trampolines included).
+    pub fn new(n: usize) -> Result<SiteField, String> {
+        let len = (n * 13 + 8192 + 4095) & !4095;
+        // SAFETY: a fresh anonymous RWX mapping owned by the field.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        let base = p as *mut u8;
+        let target = len - 64;
+        // SAFETY: writing inside the fresh mapping.
+        unsafe { *base.add(target) = 0xC3 };
+        let mut sites = Vec::with_capacity(n);
+        for i in 0..n {
+            let off = 64 + i * 13;
+            let rel = (target as i64 - (off + 5) as i64) as i32;
+            let b = Form::CallRel32.on_bytes(rel);
+            // SAFETY: inside the mapping; nothing executes it yet.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), base.add(off), 5) };
+            // SAFETY: the bytes just written are a call to a `ret`.
+            sites.push(unsafe { CallSite::new(base.add(off), Form::CallRel32, rel) }.map_err(|e| e.to_string())?);
+        }
+        Ok(SiteField { base, len, sites })
+    }
+
+    /// Straddling sites in the field.
+    pub fn straddlers(&self) -> usize {
+        self.sites.iter().filter(|s| s.split() != 0).count()
+    }
+}
+
+impl Drop for SiteField {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the field's own mapping.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Per-toggle ticks of a deactivation pass and an activation pass over every
+/// site of `field` in `mode`, `reps` passes each.
+pub fn field_passes(field: &SiteField, mode: Mode, reps: usize) -> (Stats, Stats) {
+    let n = field.sites.len() as f64;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t0 = tsc::now_ordered();
+        for s in &field.sites {
+            s.deactivate(mode).expect("deactivate");
+        }
+        let t1 = tsc::now_ordered();
+        for s in &field.sites {
+            s.activate().expect("activate");
+        }
+        let t2 = tsc::now_ordered();
+        off.push((t1 - t0) as f64 / n);
+        on.push((t2 - t1) as f64 / n);
+    }
+    (Stats::of(&mut off), Stats::of(&mut on))
+}
+
+/// Ticks per execution of the site in a state, batched: the latent cost of
+/// an inactive probe beside an active one and a plain NOP.
+pub fn invoke_cost(form: Form, split: usize, state: &str, reps: usize) -> Result<Stats, String> {
+    let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
+    match state {
+        "active" => {}
+        "nop" => {
+            let nop: &[u8] = if form.len() == 6 { &[0x66, 0x0F, 0x1F, 0x44, 0, 0] } else { &NOP5 };
+            // SAFETY: no thread runs the fixture yet; a NOP of the same length.
+            unsafe { wordpatch::patch(fx.site, nop) }.map_err(|e| e.to_string())?;
+        }
+        "flip" | "paper" => {
+            let t = Toggler::new(&fx, if state == "flip" { Strategy::CallFlip } else { Strategy::CallPaper })?;
+            t.set(false)?;
+        }
+        other => return Err(format!("unknown state {other}")),
+    }
+    let f = fx.entry;
+    Ok(batched(256, reps, |_| {
+        std::hint::black_box(f());
+    }))
+}

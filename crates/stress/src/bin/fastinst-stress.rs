@@ -1,0 +1,269 @@
+//! `fastinst-stress`: cross-modification stress runs, a live demo, and tick
+//! benchmarks for wordpatch and callpatch. `fastinst-stress --help` for usage.
+
+use callpatch::{Form, Mode};
+use std::process::ExitCode;
+use std::time::Duration;
+use stress::bench::{self, Row};
+use stress::{run_config, Strategy, TrialSpec};
+
+const USAGE: &str = "\
+usage: fastinst-stress <command> [options]
+
+commands:
+  run     stress: executor threads run a site at each split while one patcher
+          toggles it; each trial in a forked child; prints `N toggles, F failures`
+  demo    toggle a live call site while threads run it, print what they saw
+  bench   ticks per operation (median, p90) for every mode and split
+
+run options:
+  --strategies LIST   word-tmax[:T],word-synccore,word-async[:T],word-naive,
+                      call-paper,call-flip   (default: all but word-naive)
+  --forms LIST        call,ind,jmp (default: all the strategy supports)
+  --splits LIST       e.g. 0,1,2 (default: every split of the form)
+  --executors N       executor threads (default: max(2, cores))
+  --trials N          trials per configuration (default 3)
+  --toggles N         toggles per trial at most (default 10000000)
+  --seconds F         seconds per trial at most (default 1.0)
+  --long              >= 1e8 toggles per configuration (no time limit)
+  --expect-failure    negative control: succeed only if every configuration
+                      fails, stopping each at its first failure
+bench options:
+  --quick             fewer repetitions
+";
+
+fn parse_list<T>(s: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    s.split(',').filter(|x| !x.is_empty()).map(|x| f(x.trim())).collect()
+}
+
+fn parse_form(s: &str) -> Result<Form, String> {
+    match s {
+        "call" => Ok(Form::CallRel32),
+        "ind" => Ok(Form::CallRipIndirect),
+        "jmp" => Ok(Form::JmpRel32),
+        _ => Err(format!("unknown form `{s}` (call, ind, jmp)")),
+    }
+}
+
+struct RunArgs {
+    strategies: Vec<Strategy>,
+    forms: Option<Vec<Form>>,
+    splits: Option<Vec<usize>>,
+    executors: usize,
+    trials: u64,
+    toggles: u64,
+    seconds: f64,
+    expect_failure: bool,
+}
+
+fn parse_run(args: &[String]) -> Result<RunArgs, String> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let mut r = RunArgs {
+        strategies: parse_list("word-tmax,word-synccore,word-async,call-paper,call-flip", |s| s.parse())?,
+        forms: None,
+        splits: None,
+        executors: cores.max(2),
+        trials: 3,
+        toggles: 10_000_000,
+        seconds: 1.0,
+        expect_failure: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--strategies" => r.strategies = parse_list(&val()?, |s| s.parse())?,
+            "--forms" => r.forms = Some(parse_list(&val()?, parse_form)?),
+            "--splits" => r.splits = Some(parse_list(&val()?, |s| s.parse().map_err(|_| format!("bad split `{s}`")))?),
+            "--executors" => r.executors = val()?.parse().map_err(|_| "bad --executors")?,
+            "--trials" => r.trials = val()?.parse().map_err(|_| "bad --trials")?,
+            "--toggles" => r.toggles = val()?.parse().map_err(|_| "bad --toggles")?,
+            "--seconds" => r.seconds = val()?.parse().map_err(|_| "bad --seconds")?,
+            "--long" => {
+                r.toggles = 100_000_000;
+                r.trials = 1;
+                r.seconds = 1e7;
+            }
+            "--expect-failure" => r.expect_failure = true,
+            other => return Err(format!("unknown option `{other}`")),
+        }
+    }
+    if r.executors == 0 || r.trials == 0 {
+        return Err("--executors and --trials must be at least 1".into());
+    }
+    Ok(r)
+}
+
+fn cmd_run(args: &[String]) -> Result<bool, String> {
+    let a = parse_run(args)?;
+    let mut all_ok = true;
+    let mut total_toggles = 0u64;
+    let mut total_failures = 0u64;
+    println!(
+        "stress: {} executors, {} trials x <= {} toggles / {:.1} s per configuration; a trial counts when >= {} toggles and >= {:.0}% of them overlapped executor progress",
+        a.executors, a.trials, a.toggles, a.seconds, stress::MIN_CORUN_TOGGLES, stress::MIN_CORUN_RATIO * 100.0
+    );
+    for &strategy in &a.strategies {
+        let forms = a.forms.clone().unwrap_or_else(|| vec![Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32]);
+        for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
+            let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
+            for split in splits.into_iter().filter(|&s| s < form.len()) {
+                let spec = TrialSpec {
+                    strategy,
+                    form,
+                    split,
+                    executors: a.executors,
+                    max_toggles: a.toggles,
+                    max_time: Duration::from_secs_f64(a.seconds),
+                };
+                let r = run_config(&spec, a.trials, a.expect_failure);
+                println!("{r}");
+                println!("{}", r.result_line());
+                total_toggles += r.toggles;
+                total_failures += r.failures;
+                let ok = if a.expect_failure { r.failures > 0 } else { r.failures == 0 && r.counted > 0 };
+                if !ok {
+                    all_ok = false;
+                    println!(
+                        "  ^ {}",
+                        if a.expect_failure {
+                            "expected a failure and saw none".to_string()
+                        } else if r.failures > 0 {
+                            "FAILED".to_string()
+                        } else {
+                            "no trial had enough co-run evidence".to_string()
+                        }
+                    );
+                }
+            }
+        }
+    }
+    println!("total: {total_toggles} toggles, {total_failures} failures");
+    Ok(all_ok)
+}
+
+fn cmd_demo() -> Result<bool, String> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    println!("A live `call` at a 3|2 cache-line split, run by 2 threads in a loop,");
+    println!("switched off and on by each strategy for 300 ms:\n");
+    println!("{:<16} {:>10} {:>14} {:>14} {:>8}", "strategy", "toggles", "calls active", "calls off", "torn");
+    for strategy in ["call-flip", "call-paper", "word-tmax", "word-synccore"] {
+        let strategy: Strategy = strategy.parse()?;
+        let fx = Arc::new(stress::Fixture::new(Form::CallRel32, 3).map_err(|e| e.to_string())?);
+        let t = stress::Toggler::new(&fx, strategy)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts: Arc<[AtomicU64; 3]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let (fx, stop, counts) = (fx.clone(), stop.clone(), counts.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = match fx.classify((fx.entry)()) {
+                            Some(true) => 0,
+                            Some(false) => 1,
+                            None => 2,
+                        };
+                        counts[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut toggles = 0u64;
+        while t0.elapsed() < Duration::from_millis(300) {
+            t.set(toggles % 2 == 1)?;
+            toggles += 1;
+        }
+        if toggles % 2 == 1 {
+            t.set(true)?;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in hs {
+            let _ = h.join();
+        }
+        let c: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        println!("{:<16} {:>10} {:>14} {:>14} {:>8}", strategy.to_string(), toggles, c[0], c[1], c[2]);
+    }
+    println!("\n`torn` counts calls that saw half-old, half-new code: it must be 0.");
+    Ok(true)
+}
+
+fn cmd_bench(args: &[String]) -> Result<bool, String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let reps = if quick { 101 } else { 501 };
+    let field_n = 20_000;
+    let base = bench::baseline_store(reps);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row = |op: String, stats: bench::Stats| rows.push(Row { op, stats, baseline: base.median });
+    row("baseline: 1-byte store to an idle code line".into(), base);
+    for (name, strategy) in [("callpatch flip", Strategy::CallFlip), ("callpatch paper", Strategy::CallPaper)] {
+        for form in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
+            for split in 0..form.len() {
+                row(format!("{name}: toggle idle {form:?} split {split}"), bench::toggle_idle(strategy, form, split, reps)?);
+            }
+        }
+    }
+    for split in 0..5 {
+        row(format!("callpatch flip: toggle CallRel32 split {split}, other core executing"), bench::toggle_busy(Strategy::CallFlip, Form::CallRel32, split, reps)?);
+        row(format!("callpatch paper: toggle CallRel32 split {split}, other core executing"), bench::toggle_busy(Strategy::CallPaper, Form::CallRel32, split, reps)?);
+    }
+    let tmax = match wordpatch::default_wait().0 {
+        wordpatch::Wait::Tmax(t) => t,
+        wordpatch::Wait::SyncCore => wordpatch::BUILTIN_TMAX,
+    };
+    let wreps = if quick { 51 } else { 201 };
+    row("wordpatch: patch non-straddling word (call<->nop)".into(), bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, 0, reps)?);
+    for split in 1..5 {
+        row(format!("wordpatch sync Tmax({tmax}): straddler split {split}"), bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, split, wreps)?);
+        row(format!("wordpatch sync SyncCore: straddler split {split}, idle"), bench::toggle_idle(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?);
+        row(format!("wordpatch sync SyncCore: straddler split {split}, other core executing"), bench::toggle_busy(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?);
+        row(format!("wordpatch async: start_patch straddler split {split}"), bench::async_start(split, wreps)?);
+    }
+    let field = bench::SiteField::new(field_n)?;
+    let passes = if quick { 11 } else { 31 };
+    for mode in [Mode::Flip, Mode::Paper] {
+        let (off, on) = bench::field_passes(&field, mode, passes);
+        row(format!("callpatch {mode:?}: deactivate pass over {field_n} idle probes ({} straddle)", field.straddlers()), off);
+        row(format!("callpatch {mode:?}: activate pass over {field_n} idle probes"), on);
+    }
+    for split in [0, 1, 3] {
+        for state in ["nop", "active", "flip", "paper"] {
+            row(format!("invoke CallRel32 split {split}: site {state}"), bench::invoke_cost(Form::CallRel32, split, state, reps)?);
+        }
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    println!("cpu: {cpu}; cores: {}; TSC resolution: {} ticks; batches of up to 256 ops", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), bench::tsc_resolution());
+    println!("ticks per operation (median, p90); ratio = median / baseline median, same run\n");
+    println!("| operation | median | p90 | ratio |\n| --- | --- | --- | --- |");
+    for r in &rows {
+        println!("{}", r.markdown());
+    }
+    Ok(true)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("run") => cmd_run(&args[1..]),
+        Some("demo") => cmd_demo(),
+        Some("bench") => cmd_bench(&args[1..]),
+        Some("--help" | "-h" | "help") => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(format!("unknown command `{other}`\n\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("fastinst-stress: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

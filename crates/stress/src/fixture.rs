@@ -1,0 +1,183 @@
+//! Generated code with a call site at a chosen cache-line split.
+//!
+//! Layout inside a 64 MiB reservation that is `PROT_NONE` except for two
+//! small read-write-execute islands, both filled with INT3:
+//!
+//! ```text
+//! entry:  31 C0          xor eax, eax        ; "off" result
+//! site:   <form>         the toggled instruction, S bytes before a line end
+//!         C3             ret
+//! A:      B8 01 00 00 00 mov eax, 1          ; "on" result, far away
+//!         C3             ret
+//! ```
+//!
+//! The target `A` is placed so that `rel32` is `0x0102050B` (bytes
+//! `0B 05 02 01`). Then every mixture of the front of one state with the back
+//! of the other that a torn write could expose crashes: `0F 0B` is `ud2`,
+//! `0F 1F 05 ...` is a 7-byte NOP that runs into INT3 filler, and the mixed
+//! `call`s land in INT3 filler or in `PROT_NONE`. An executor therefore sees
+//! exactly 1 (active), 0 (inactive) or, for the flipped `mov eax, imm32`, the
+//! immediate; anything else, or a crash, is a failure.
+
+use callpatch::Form;
+use std::io;
+
+/// Size of the address-space reservation.
+const ARENA: usize = 64 << 20;
+/// `rel32` of the call to `A`; its bytes make torn writes crash (module doc).
+pub const REL_A: i32 = 0x0102_050B;
+/// Offset of the line whose end the site straddles.
+const SITE_LINE_END: usize = 64 * 8;
+/// Offset of the pointer slot for `call [rip+disp32]`.
+const PTR_SLOT: usize = 0x800;
+/// The 5-byte NOP that wordpatch tests toggle the call with.
+pub const NOP5: [u8; 5] = [0x0F, 0x1F, 0x44, 0x00, 0x00];
+
+/// One generated site and the code around it. Unmapped on drop.
+pub struct Fixture {
+    base: usize,
+    /// The toggled instruction.
+    pub site: *mut u8,
+    /// Its form.
+    pub form: Form,
+    /// Its active operand (rel32 or disp32).
+    pub operand: i32,
+    /// Runs the site once; returns 1 when it was active.
+    pub entry: extern "C" fn() -> u64,
+    /// The value `entry` returns when the site is flipped to `mov eax, imm32`.
+    pub flip_value: u64,
+}
+
+// SAFETY: the fixture's code is shared by design: executing it from any thread
+// is the point, and its pages live until the fixture is dropped.
+unsafe impl Send for Fixture {}
+// SAFETY: as above.
+unsafe impl Sync for Fixture {}
+
+fn rwx_island(addr: usize, len: usize) -> io::Result<()> {
+    let page = addr & !4095;
+    let len = (addr + len - page + 4095) & !4095;
+    // SAFETY: the range lies inside our own PROT_NONE reservation.
+    let rc = unsafe {
+        libc::mprotect(
+            page as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just made writable; INT3 filler.
+    unsafe { std::ptr::write_bytes(page as *mut u8, 0xCC, len) };
+    Ok(())
+}
+
+fn put(addr: usize, bytes: &[u8]) {
+    // SAFETY: callers write inside islands made writable by `rwx_island`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+}
+
+impl Fixture {
+    /// A site of `form` whose first `split` bytes lie before a line boundary
+    /// (0: not straddling), active.
+    pub fn new(form: Form, split: usize) -> io::Result<Fixture> {
+        assert!(split < form.len(), "split {split} out of range for {form:?}");
+        // SAFETY: a fresh anonymous PROT_NONE reservation, owned by the fixture.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ARENA,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = p as usize;
+        let fx_guard = Unmap(base);
+        rwx_island(base, 4096)?;
+        let site = if split == 0 {
+            base + SITE_LINE_END + 8
+        } else {
+            base + SITE_LINE_END - split
+        };
+        let len = form.len();
+        let a = (site + 5) as i64 + REL_A as i64;
+        rwx_island(a as usize, 8)?;
+        put(a as usize, &[0xB8, 1, 0, 0, 0, 0xC3]);
+        let operand = match form {
+            Form::CallRel32 | Form::JmpRel32 => (a - (site + 5) as i64) as i32,
+            Form::CallRipIndirect => {
+                put(base + PTR_SLOT, &(a as u64).to_le_bytes());
+                ((base + PTR_SLOT) as i64 - (site + 6) as i64) as i32
+            }
+        };
+        put(site - 2, &[0x31, 0xC0]);
+        put(site, &form.on_bytes(operand)[..len]);
+        if form != Form::JmpRel32 {
+            put(site + len, &[0xC3]);
+        }
+        std::mem::forget(fx_guard);
+        // SAFETY: `site - 2` starts the code laid out above, which follows the
+        // C ABI: it returns in rax and clobbers only rax, rdx and flags.
+        let entry: extern "C" fn() -> u64 = unsafe { std::mem::transmute(site - 2) };
+        Ok(Fixture {
+            base,
+            site: site as *mut u8,
+            form,
+            operand,
+            entry,
+            flip_value: if form == Form::CallRel32 { operand as u32 as u64 } else { 0 },
+        })
+    }
+
+    /// Bytes of the active form.
+    pub fn on_bytes(&self) -> Vec<u8> {
+        self.form.on_bytes(self.operand)[..self.form.len()].to_vec()
+    }
+
+    /// Classifies a value returned by `entry`: `Some(true)` active,
+    /// `Some(false)` inactive, `None` impossible (a torn instruction).
+    pub fn classify(&self, v: u64) -> Option<bool> {
+        match v {
+            1 => Some(true),
+            0 => Some(false),
+            v if v == self.flip_value && v != 0 => Some(false),
+            _ => None,
+        }
+    }
+}
+
+struct Unmap(usize);
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the reservation this guard was created for.
+        unsafe { libc::munmap(self.0 as *mut libc::c_void, ARENA) };
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        drop(Unmap(self.base));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_form_and_split_runs_active() {
+        for form in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
+            for split in 0..form.len() {
+                let f = Fixture::new(form, split).unwrap();
+                assert_eq!(wordpatch::split(f.site as usize, form.len()), split);
+                assert_eq!((f.entry)(), 1, "{form:?} split {split}");
+            }
+        }
+    }
+}

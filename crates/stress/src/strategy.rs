@@ -1,0 +1,164 @@
+//! The ways a site can be toggled, as the stress harness and benches drive them.
+
+use crate::fixture::{Fixture, NOP5};
+use callpatch::{CallSite, Form, Mode};
+use std::fmt;
+use std::str::FromStr;
+use wordpatch::{patch_with, start_patch, store_in_line, PatchOptions, Progress, Wait};
+
+/// A toggle strategy under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// wordpatch synchronous patch, `call` <-> 5-byte NOP, waiting `Tmax(ticks)`.
+    WordTmax(u64),
+    /// wordpatch synchronous patch with membarrier SYNC_CORE waits.
+    WordSyncCore,
+    /// wordpatch `start_patch` + `finish_patch` polling, `Tmax(ticks)`.
+    WordAsync(u64),
+    /// Negative control: a straddler written as two plain stores, back part
+    /// then front part, with no INT3 lock and no wait. Must fail.
+    WordNaive,
+    /// callpatch, paper mode.
+    CallPaper,
+    /// callpatch, flip mode.
+    CallFlip,
+}
+
+impl Strategy {
+    /// Whether the strategy toggles call sites of `form` (wordpatch
+    /// strategies toggle `call rel32` against a NOP).
+    pub fn supports(self, form: Form) -> bool {
+        matches!(self, Strategy::CallPaper | Strategy::CallFlip) || form == Form::CallRel32
+    }
+
+    /// Whether the strategy is expected to fail (a negative control).
+    pub fn is_control(self) -> bool {
+        matches!(self, Strategy::WordNaive | Strategy::WordTmax(0))
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Strategy::WordTmax(t) => write!(f, "word-tmax:{t}"),
+            Strategy::WordSyncCore => write!(f, "word-synccore"),
+            Strategy::WordAsync(t) => write!(f, "word-async:{t}"),
+            Strategy::WordNaive => write!(f, "word-naive"),
+            Strategy::CallPaper => write!(f, "call-paper"),
+            Strategy::CallFlip => write!(f, "call-flip"),
+        }
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let default = || match wordpatch::default_wait().0 {
+            Wait::Tmax(t) => t,
+            Wait::SyncCore => wordpatch::BUILTIN_TMAX,
+        };
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a.parse::<u64>().map_err(|_| format!("bad ticks in `{s}`"))?)),
+            None => (s, None),
+        };
+        Ok(match name {
+            "word-tmax" => Strategy::WordTmax(arg.unwrap_or_else(default)),
+            "word-synccore" => Strategy::WordSyncCore,
+            "word-async" => Strategy::WordAsync(arg.unwrap_or_else(default)),
+            "word-naive" => Strategy::WordNaive,
+            "call-paper" => Strategy::CallPaper,
+            "call-flip" => Strategy::CallFlip,
+            _ => return Err(format!("unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-naive, call-paper, call-flip)")),
+        })
+    }
+}
+
+/// Toggles one fixture's site with one strategy.
+pub struct Toggler {
+    strategy: Strategy,
+    site: *mut u8,
+    on: Vec<u8>,
+    call: Option<CallSite>,
+}
+
+impl Toggler {
+    /// Prepares `strategy` on the fixture's site (makes its page writable,
+    /// places a trampoline if paper mode needs one).
+    pub fn new(fx: &Fixture, strategy: Strategy) -> Result<Toggler, String> {
+        if !strategy.supports(fx.form) {
+            return Err(format!("{strategy} does not toggle {:?} sites", fx.form));
+        }
+        let call = match strategy {
+            // SAFETY: the fixture's site is a call of this form to `A`, which
+            // follows the C ABI, and this toggler owns its toggling.
+            Strategy::CallPaper | Strategy::CallFlip => Some(
+                unsafe { CallSite::new(fx.site, fx.form, fx.operand) }.map_err(|e| e.to_string())?,
+            ),
+            _ => {
+                wordpatch::make_writable(fx.site, fx.form.len()).map_err(|e| e.to_string())?;
+                None
+            }
+        };
+        Ok(Toggler {
+            strategy,
+            site: fx.site,
+            on: fx.on_bytes(),
+            call,
+        })
+    }
+
+    /// Switches the site on or off; an error means the site was not in the
+    /// state the previous toggle left it in.
+    pub fn set(&self, on: bool) -> Result<(), String> {
+        let (new, old): (&[u8], &[u8]) = if on { (&self.on, &NOP5) } else { (&NOP5, &self.on) };
+        match self.strategy {
+            Strategy::CallPaper | Strategy::CallFlip => {
+                let call = self.call.as_ref().expect("call site prepared");
+                let r = if on {
+                    call.activate()
+                } else {
+                    call.deactivate(if self.strategy == Strategy::CallPaper { Mode::Paper } else { Mode::Flip })
+                };
+                r.map_err(|e| e.to_string())
+            }
+            Strategy::WordTmax(_) | Strategy::WordSyncCore => {
+                let wait = match self.strategy {
+                    Strategy::WordTmax(t) => Wait::Tmax(t),
+                    _ => Wait::SyncCore,
+                };
+                let o = PatchOptions { expected: Some(old), wait: Some(wait) };
+                // SAFETY: the site holds `old` (checked atomically by the
+                // expected bytes) and both states are valid code with the same
+                // boundaries for the executors.
+                unsafe { patch_with(self.site, new, &o) }.map_err(|e| e.to_string())
+            }
+            Strategy::WordAsync(t) => {
+                let o = PatchOptions { expected: Some(old), wait: Some(Wait::Tmax(t)) };
+                // SAFETY: as for the synchronous strategies.
+                let started = unsafe { start_patch(self.site, new, &o) }.map_err(|e| e.to_string())?;
+                if started == Progress::InFlight {
+                    while wordpatch::finish_patch(self.site) == Progress::InFlight {
+                        core::hint::spin_loop();
+                    }
+                }
+                Ok(())
+            }
+            Strategy::WordNaive => {
+                let addr = self.site as usize;
+                let s = wordpatch::split(addr, new.len());
+                // SAFETY: each store stays inside one line of the fixture's
+                // writable page. Tearing the straddler is this control's point.
+                if s == 0 {
+                    unsafe { store_in_line(self.site, new, None) }.map_err(|_| "store".to_string())?;
+                } else {
+                    // SAFETY: as above.
+                    unsafe {
+                        store_in_line((addr + s) as *mut u8, &new[s..], None).map_err(|_| "store".to_string())?;
+                        store_in_line(self.site, &new[..s], None).map_err(|_| "store".to_string())?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
