@@ -217,6 +217,7 @@ impl SiteField {
 
 impl Drop for SiteField {
     fn drop(&mut self) {
+        wordpatch::forget_pages(self.base, self.len);
         // SAFETY: unmapping the field's own mapping.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }

@@ -155,6 +155,7 @@ impl Fixture {
 struct Unmap(usize);
 impl Drop for Unmap {
     fn drop(&mut self) {
+        wordpatch::forget_pages(self.0 as *const u8, ARENA);
         // SAFETY: unmaps the reservation this guard was created for.
         unsafe { libc::munmap(self.0 as *mut libc::c_void, ARENA) };
     }

@@ -20,7 +20,8 @@
 //! [`Finisher`] thread, so one thread can keep thousands of straddlers in
 //! flight and pay the waits once.
 //!
-//! Code pages are made writable on first use and stay so ([`make_writable`]).
+//! Code pages are made writable on first use and stay so ([`make_writable`]);
+//! code about to be unmapped must be forgotten first ([`forget_pages`]).
 //! Intel's and AMD's manuals bless only "serialize before executing modified
 //! code"; [`Wait::SyncCore`] is that protocol, and everything else rests on
 //! the model, which this project tests by stress (`stress` crate).
@@ -49,4 +50,4 @@ pub use raw::{read_code, store_in_line, Mismatch};
 pub use sites::MAX_STRADDLER_SITES;
 pub use trap::{install_trap_handler, traps_handled};
 pub use wait::{default_wait, ensure_sync_core, set_default_wait, Wait, WaitSource, BUILTIN_TMAX};
-pub use writable::{make_writable, pages_tracked, PAGE_SIZE};
+pub use writable::{forget_pages, make_writable, pages_tracked, PAGE_SIZE};

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 pub const PAGE_SIZE: usize = 4096;
 
 const CAPACITY: usize = 1 << 16;
+/// A forgotten page: lookups probe past it, inserts may reuse it.
+const TOMBSTONE: usize = usize::MAX;
 static PAGES: [AtomicUsize; CAPACITY] = [const { AtomicUsize::new(0) }; CAPACITY];
 static GROW: Mutex<usize> = Mutex::new(0);
 
@@ -28,15 +30,38 @@ fn slot_of(page: usize) -> usize {
 }
 
 fn known(page: usize) -> bool {
+    find(page).is_some()
+}
+
+fn find(page: usize) -> Option<usize> {
     let mut i = slot_of(page);
     for _ in 0..CAPACITY {
         match PAGES[i].load(Ordering::Acquire) {
-            0 => return false,
-            p if p == page => return true,
+            0 => return None,
+            p if p == page => return Some(i),
             _ => i = (i + 1) % CAPACITY,
         }
     }
-    false
+    None
+}
+
+/// Forgets the pages of `len` bytes at `addr`: call it before code there is
+/// unmapped (`munmap`, `dlclose`). Otherwise a new mapping that later appears
+/// at the same address would be taken for writable and the first patch of it
+/// would fault. Sites in forgotten pages must not be patched again unless
+/// they are mapped again, when they are checked afresh.
+pub fn forget_pages(addr: *const u8, len: usize) {
+    let start = addr as usize & !(PAGE_SIZE - 1);
+    let end = addr as usize + len.max(1);
+    let mut count = GROW.lock().unwrap_or_else(|e| e.into_inner());
+    let mut page = start;
+    while page < end {
+        if let Some(i) = find(page) {
+            PAGES[i].store(TOMBSTONE, Ordering::Release);
+            *count -= 1;
+        }
+        page += PAGE_SIZE;
+    }
 }
 
 /// Makes every page of `len` bytes at `addr` writable if it is not already,
@@ -121,7 +146,7 @@ fn add_page(page: usize) -> Result<(), Error> {
         }
     }
     let mut i = slot_of(page);
-    while PAGES[i].load(Ordering::Relaxed) != 0 {
+    while !matches!(PAGES[i].load(Ordering::Relaxed), 0 | TOMBSTONE) {
         i = (i + 1) % CAPACITY;
     }
     PAGES[i].store(page, Ordering::Release);
@@ -185,5 +210,7 @@ mod tests {
         assert_eq!(pages_tracked(), before, "second call must not add the page again");
         // SAFETY: the page was just made writable.
         unsafe { crate::raw::xchg_u8(p as usize, 0x90) };
+        forget_pages(p, 1);
+        assert!(!known(p as usize));
     }
 }
