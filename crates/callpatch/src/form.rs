@@ -22,6 +22,7 @@ pub enum Form {
     JmpRel32,
 }
 
+#[allow(clippy::len_without_is_empty, reason = "an instruction is never empty")]
 impl Form {
     /// Instruction length in bytes.
     pub const fn len(self) -> usize {

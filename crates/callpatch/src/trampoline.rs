@@ -24,9 +24,7 @@ fn tramp(page: usize) -> Trampoline {
 
 fn reaches(page: usize, site: usize, len: usize) -> bool {
     let from = (site + len) as i64;
-    [page, page + 8]
-        .iter()
-        .all(|&t| i32::try_from(t as i64 - from).is_ok())
+    [page, page + 8].iter().all(|&t| i32::try_from(t as i64 - from).is_ok())
 }
 
 /// A trampoline in reach of `len` bytes at `site`, allocating one if needed.
@@ -136,7 +134,7 @@ mod tests {
 
     #[test]
     fn near_is_cached_and_in_reach() {
-        let site = near as usize;
+        let site = near as *const () as usize;
         let a = near(site, 5).expect("trampoline");
         assert!(reaches(a.ret_at, site, 5));
         // SAFETY: the trampoline page is mapped readable.

@@ -38,8 +38,13 @@ impl Code {
             m[site + form.len()] = 0xC3;
         }
         let map = m.make_exec().unwrap();
-        let site = unsafe { map.as_ptr().add(site) } as *mut u8;
-        Code { map, site, operand, form }
+        let site = map.as_ptr().wrapping_add(site) as *mut u8;
+        Code {
+            map,
+            site,
+            operand,
+            form,
+        }
     }
 
     fn run(&self) -> u32 {
@@ -115,7 +120,10 @@ fn unexpected_bytes_are_refused_and_left_alone() {
     let c = Code::new(Form::CallRel32, 2);
     // Wrong operand: the site holds neither this on form nor its off forms.
     // SAFETY: the generated site; nothing is written on refusal.
-    assert!(matches!(unsafe { CallSite::new(c.site, Form::CallRel32, c.operand + 1) }, Err(Error::Unexpected { .. })));
+    assert!(matches!(
+        unsafe { CallSite::new(c.site, Form::CallRel32, c.operand + 1) },
+        Err(Error::Unexpected { .. })
+    ));
     // Not a call at all.
     // SAFETY: as above.
     let err = unsafe { CallSite::from_active(c.site.sub(2)) }.unwrap_err();
@@ -131,7 +139,10 @@ fn unexpected_bytes_are_refused_and_left_alone() {
     let data = Box::new([0xE8u8, 0, 0, 0, 0, 0, 0, 0]);
     // SAFETY: refused before any write.
     let err = unsafe { CallSite::from_active(data.as_ptr() as *mut u8) }.unwrap_err();
-    assert!(matches!(err, Error::Patch(wordpatch::Error::NotExecutable { .. })), "{err}");
+    assert!(
+        matches!(err, Error::Patch(wordpatch::Error::NotExecutable { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -154,7 +165,10 @@ fn free_functions() {
     }
     let c = Code::new(Form::JmpRel32, 0);
     // SAFETY: refused: a jmp is not a call rel32.
-    assert!(matches!(unsafe { deactivate_call(c.site) }, Err(Error::UnknownForm { .. })));
+    assert!(matches!(
+        unsafe { deactivate_call(c.site) },
+        Err(Error::UnknownForm { .. })
+    ));
 }
 
 #[test]

@@ -96,7 +96,8 @@ impl Row {
 /// toggle is compared with (a toggle is at least one store to code).
 pub fn baseline_store(reps: usize) -> Stats {
     let fx = Fixture::new(Form::CallRel32, 0).expect("fixture");
-    let p = unsafe { fx.site.add(fx.form.len()) } as *mut u8; // the `ret` after the site
+    // SAFETY: the `ret` right after the site, inside the fixture's page.
+    let p = unsafe { fx.site.add(fx.form.len()) };
     batched(64, reps, |_| {
         // SAFETY: the fixture's page is writable; storing its own `ret` byte
         // back changes nothing any thread could observe.
@@ -108,7 +109,8 @@ pub fn baseline_store(reps: usize) -> Stats {
 pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
     let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
     let t = Toggler::new(&fx, strategy)?;
-    let slow = wordpatch::is_straddler(fx.site as usize, form.len()) && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
+    let slow = wordpatch::is_straddler(fx.site as usize, form.len())
+        && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
     let batch = if slow { 1 } else { 64 };
     let r = batched(batch, reps, |i| {
         t.set(i % 2 == 1).expect("toggle");
@@ -131,7 +133,8 @@ pub fn toggle_busy(strategy: Strategy, form: Form, split: usize, reps: usize) ->
         n
     });
     std::thread::sleep(std::time::Duration::from_millis(5));
-    let slow = wordpatch::is_straddler(fx.site as usize, form.len()) && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
+    let slow = wordpatch::is_straddler(fx.site as usize, form.len())
+        && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
     let r = batched(if slow { 1 } else { 16 }, reps, |i| {
         t.set(i % 2 == 1).expect("toggle");
     });
@@ -152,7 +155,8 @@ pub fn async_start(split: usize, reps: usize) -> Result<Stats, String> {
         let new: &[u8] = if i % 2 == 0 { &NOP5 } else { &on };
         let t0 = tsc::now_ordered();
         // SAFETY: the fixture's site holds the other state; both are valid code.
-        unsafe { wordpatch::start_patch(fx.site, new, &wordpatch::PatchOptions::default()) }.map_err(|e| e.to_string())?;
+        unsafe { wordpatch::start_patch(fx.site, new, &wordpatch::PatchOptions::default()) }
+            .map_err(|e| e.to_string())?;
         let t1 = tsc::now_ordered();
         v.push((t1 - t0) as f64);
         wordpatch::flush();
@@ -251,12 +255,23 @@ pub fn invoke_cost(form: Form, split: usize, state: &str, reps: usize) -> Result
     match state {
         "active" => {}
         "nop" => {
-            let nop: &[u8] = if form.len() == 6 { &[0x66, 0x0F, 0x1F, 0x44, 0, 0] } else { &NOP5 };
+            let nop: &[u8] = if form.len() == 6 {
+                &[0x66, 0x0F, 0x1F, 0x44, 0, 0]
+            } else {
+                &NOP5
+            };
             // SAFETY: no thread runs the fixture yet; a NOP of the same length.
             unsafe { wordpatch::patch(fx.site, nop) }.map_err(|e| e.to_string())?;
         }
         "flip" | "paper" => {
-            let t = Toggler::new(&fx, if state == "flip" { Strategy::CallFlip } else { Strategy::CallPaper })?;
+            let t = Toggler::new(
+                &fx,
+                if state == "flip" {
+                    Strategy::CallFlip
+                } else {
+                    Strategy::CallPaper
+                },
+            )?;
             t.set(false)?;
         }
         other => return Err(format!("unknown state {other}")),

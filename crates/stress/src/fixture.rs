@@ -131,7 +131,11 @@ impl Fixture {
             form,
             operand,
             entry,
-            flip_value: if form == Form::CallRel32 { operand as u32 as u64 } else { 0 },
+            flip_value: if form == Form::CallRel32 {
+                operand as u32 as u64
+            } else {
+                0
+            },
         })
     }
 

@@ -14,6 +14,7 @@
 
 pub mod bench;
 mod campaign;
+mod crash;
 mod fixture;
 mod strategy;
 mod trial;

@@ -53,10 +53,7 @@ impl fmt::Display for Strategy {
 impl FromStr for Strategy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let default = || match wordpatch::default_wait().0 {
-            Wait::Tmax(t) => t,
-            Wait::SyncCore => wordpatch::BUILTIN_TMAX,
-        };
+        let default = wordpatch::default_tmax;
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a.parse::<u64>().map_err(|_| format!("bad ticks in `{s}`"))?)),
             None => (s, None),
@@ -91,9 +88,9 @@ impl Toggler {
         let call = match strategy {
             // SAFETY: the fixture's site is a call of this form to `A`, which
             // follows the C ABI, and this toggler owns its toggling.
-            Strategy::CallPaper | Strategy::CallFlip => Some(
-                unsafe { CallSite::new(fx.site, fx.form, fx.operand) }.map_err(|e| e.to_string())?,
-            ),
+            Strategy::CallPaper | Strategy::CallFlip => {
+                Some(unsafe { CallSite::new(fx.site, fx.form, fx.operand) }.map_err(|e| e.to_string())?)
+            }
             _ => {
                 wordpatch::make_writable(fx.site, fx.form.len()).map_err(|e| e.to_string())?;
                 None
@@ -117,7 +114,11 @@ impl Toggler {
                 let r = if on {
                     call.activate()
                 } else {
-                    call.deactivate(if self.strategy == Strategy::CallPaper { Mode::Paper } else { Mode::Flip })
+                    call.deactivate(if self.strategy == Strategy::CallPaper {
+                        Mode::Paper
+                    } else {
+                        Mode::Flip
+                    })
                 };
                 r.map_err(|e| e.to_string())
             }
@@ -126,14 +127,20 @@ impl Toggler {
                     Strategy::WordTmax(t) => Wait::Tmax(t),
                     _ => Wait::SyncCore,
                 };
-                let o = PatchOptions { expected: Some(old), wait: Some(wait) };
+                let o = PatchOptions {
+                    expected: Some(old),
+                    wait: Some(wait),
+                };
                 // SAFETY: the site holds `old` (checked atomically by the
                 // expected bytes) and both states are valid code with the same
                 // boundaries for the executors.
                 unsafe { patch_with(self.site, new, &o) }.map_err(|e| e.to_string())
             }
             Strategy::WordAsync(t) => {
-                let o = PatchOptions { expected: Some(old), wait: Some(Wait::Tmax(t)) };
+                let o = PatchOptions {
+                    expected: Some(old),
+                    wait: Some(Wait::Tmax(t)),
+                };
                 // SAFETY: as for the synchronous strategies.
                 let started = unsafe { start_patch(self.site, new, &o) }.map_err(|e| e.to_string())?;
                 if started == Progress::InFlight {

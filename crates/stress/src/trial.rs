@@ -82,6 +82,7 @@ struct Padded(AtomicU64);
 pub fn run_trial(spec: &TrialSpec) -> Result<TrialStats, String> {
     let fx = Arc::new(Fixture::new(spec.form, spec.split).map_err(|e| format!("fixture: {e}"))?);
     let toggler = Toggler::new(&fx, spec.strategy)?;
+    crate::crash::set_site(fx.site as usize);
     let stop = Arc::new(AtomicBool::new(false));
     let go = Arc::new(AtomicBool::new(false));
     let counters: Arc<Vec<Padded>> = Arc::new((0..spec.executors).map(|_| Padded::default()).collect());
@@ -189,6 +190,7 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         // and leave with _exit so no parent state (atexit, buffers) runs twice.
         unsafe {
             libc::close(fds[0]);
+            crate::crash::install(0);
             let code = match run_trial(spec) {
                 Ok(st) => {
                     let w = st.to_words();
@@ -244,7 +246,10 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         return Outcome::Crashed(libc::WTERMSIG(status));
     }
     if got != buf.len() || libc::WEXITSTATUS(status) != 0 {
-        return Outcome::Error(format!("child exited with {} before reporting", libc::WEXITSTATUS(status)));
+        return Outcome::Error(format!(
+            "child exited with {} before reporting",
+            libc::WEXITSTATUS(status)
+        ));
     }
     let mut w = [0u64; FIELDS];
     for (i, c) in buf.chunks_exact(8).enumerate() {

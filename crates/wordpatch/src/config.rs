@@ -61,9 +61,7 @@ impl MachineConfig {
             let (k, v) = line.split_once('=').ok_or_else(|| err("expected `key = value`"))?;
             let (k, v) = (k.trim(), v.trim());
             match k {
-                "tmax_ticks" => {
-                    cfg.tmax_ticks = Some(v.parse().map_err(|_| err("tmax_ticks must be a whole number"))?)
-                }
+                "tmax_ticks" => cfg.tmax_ticks = Some(v.parse().map_err(|_| err("tmax_ticks must be a whole number"))?),
                 "wait" => {
                     let s = unquote(v).ok_or_else(|| err("wait must be a quoted string"))?;
                     if s.parse::<Wait>().is_err() && s != "tmax" {
@@ -148,7 +146,10 @@ mod tests {
         let cfg = MachineConfig {
             tmax_ticks: Some(2400),
             wait: Some("tmax".into()),
-            extra: vec![("cpu_model".into(), "\"AMD EPYC\"".into()), ("cores".into(), "2".into())],
+            extra: vec![
+                ("cpu_model".into(), "\"AMD EPYC\"".into()),
+                ("cores".into(), "2".into()),
+            ],
         };
         let back = MachineConfig::parse(&cfg.render()).unwrap();
         assert_eq!(back, cfg);

@@ -52,6 +52,12 @@ struct Slot {
     stamp: AtomicU64,
     /// T_max ticks, or SYNC.
     wait: AtomicU64,
+    /// TSC when the INT3 lock was published and when the back part was
+    /// written; kept for [`diagnose`] (crash reports, calibration).
+    t_lock: AtomicU64,
+    t_back: AtomicU64,
+    /// Whether the back part was written by a thread in the SIGTRAP handler.
+    back_by_trap: AtomicBool,
 }
 
 impl Slot {
@@ -65,6 +71,9 @@ impl Slot {
             bytes: AtomicU64::new(0),
             stamp: AtomicU64::new(0),
             wait: AtomicU64::new(0),
+            t_lock: AtomicU64::new(0),
+            t_back: AtomicU64::new(0),
+            back_by_trap: AtomicBool::new(false),
         }
     }
 }
@@ -95,7 +104,7 @@ fn boundary_of(site: usize) -> usize {
 }
 
 fn window(boundary: usize) -> impl Iterator<Item = usize> {
-    let home = ((boundary / CACHE_LINE).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % SLOTS;
+    let home = ((boundary / CACHE_LINE).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) % SLOTS;
     (0..WINDOW).map(move |k| (home + k) % SLOTS)
 }
 
@@ -121,7 +130,10 @@ pub(crate) fn claim(site: usize, new: &[u8], w: Wait) -> Result<Ticket, Error> {
     for idx in window(boundary) {
         let slot = &TABLE[idx];
         if slot.site.load(Ordering::Relaxed) != 0
-            || slot.site.compare_exchange(0, site, Ordering::SeqCst, Ordering::Relaxed).is_err()
+            || slot
+                .site
+                .compare_exchange(0, site, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
         {
             continue;
         }
@@ -165,6 +177,8 @@ pub(crate) fn publish(t: Ticket) {
         tsc::now_ordered()
     };
     slot.stamp.store(stamp, Ordering::Relaxed);
+    slot.t_lock.store(tsc::now_ordered(), Ordering::Relaxed);
+    slot.t_back.store(0, Ordering::Relaxed);
     slot.lock.store(false, Ordering::Release);
 }
 
@@ -198,11 +212,26 @@ fn write_front(site: usize, bytes: [u8; 8]) {
 /// Tries to take the next step of the patch `t`. With `may_sync`, a SyncCore
 /// patch whose barrier is due runs the barrier itself (blocking ~µs).
 pub(crate) fn advance(t: Ticket, may_sync: bool) -> Step {
+    advance_from(t, may_sync, false)
+}
+
+fn advance_from(t: Ticket, may_sync: bool, in_trap: bool) -> Step {
     let slot = &TABLE[t.idx];
     if !live(t) {
         return Step::Done;
     }
-    if slot.lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+    // Pollers and trapped helpers call this in loops: look before locking, so
+    // that waiting costs plain loads instead of RMWs that bounce the slot's
+    // line between cores. (The locked re-check below decides.)
+    let w = slot.wait.load(Ordering::Relaxed);
+    if slot.lock.load(Ordering::Relaxed) || (w != SYNC && tsc::elapsed_since(slot.stamp.load(Ordering::Acquire)) < w) {
+        return if live(t) { Step::Waiting } else { Step::Done };
+    }
+    if slot
+        .lock
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
         return if live(t) { Step::Busy } else { Step::Done };
     }
     if slot.seq.load(Ordering::Relaxed) != t.seq {
@@ -218,7 +247,12 @@ pub(crate) fn advance(t: Ticket, may_sync: bool) -> Step {
         }
         wait::synced_since(stamp)
     } else {
-        tsc::now().wrapping_sub(stamp) >= w
+        // The TSC must be read after the stamp was loaded (`now_ordered`), and
+        // a stamp from another core that is still ahead of our reading must
+        // mean "not yet": unsigned wrap-around would turn it into "elapsed
+        // long ago" and write the next step at once. The stress harness
+        // caught exactly that as rare torn straddlers at every wait.
+        tsc::elapsed_since(stamp) >= w
     };
     if !ready {
         slot.lock.store(false, Ordering::Release);
@@ -230,7 +264,13 @@ pub(crate) fn advance(t: Ticket, may_sync: bool) -> Step {
     match slot.state.load(Ordering::Relaxed) {
         FIRST_WAIT => {
             write_back(site, len, bytes);
-            let stamp = if w == SYNC { wait::sync_stamp() } else { tsc::now_ordered() };
+            let stamp = if w == SYNC {
+                wait::sync_stamp()
+            } else {
+                tsc::now_ordered()
+            };
+            slot.t_back.store(tsc::now_ordered(), Ordering::Relaxed);
+            slot.back_by_trap.store(in_trap, Ordering::Relaxed);
             slot.stamp.store(stamp, Ordering::Relaxed);
             slot.state.store(SECOND_WAIT, Ordering::Relaxed);
             slot.lock.store(false, Ordering::Release);
@@ -309,7 +349,7 @@ pub(crate) fn for_each_in_flight(mut f: impl FnMut(Ticket, bool)) {
 pub(crate) fn wait_out(site: usize) -> bool {
     loop {
         if let Some(t) = find(site) {
-            while advance(t, true) != Step::Done {
+            while advance_from(t, true, true) != Step::Done {
                 core::hint::spin_loop();
             }
             return true;
@@ -326,4 +366,33 @@ pub(crate) fn wait_out(site: usize) -> bool {
         // claiming and publishing. Look again.
         core::hint::spin_loop();
     }
+}
+
+/// What the table knows about the straddling patch in flight at `site`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotDiagnosis {
+    /// 1: waiting to write the back part; 2: waiting to write the front part.
+    pub state: u8,
+    /// TSC when the INT3 lock was taken (published).
+    pub t_lock: u64,
+    /// TSC when the back part was written (0: not yet).
+    pub t_back: u64,
+    /// The wait in ticks (`u64::MAX` for SyncCore).
+    pub wait: u64,
+    /// Whether a thread in the SIGTRAP handler wrote the back part.
+    pub back_by_trap: bool,
+}
+
+/// The patch in flight at `site`, for crash reporters and calibration.
+/// Async-signal-safe (atomic loads only); a racy snapshot.
+pub fn diagnose(site: *const u8) -> Option<SlotDiagnosis> {
+    let t = find(site as usize)?;
+    let slot = &TABLE[t.idx];
+    Some(SlotDiagnosis {
+        state: slot.state.load(Ordering::Relaxed),
+        t_lock: slot.t_lock.load(Ordering::Relaxed),
+        t_back: slot.t_back.load(Ordering::Relaxed),
+        wait: slot.wait.load(Ordering::Relaxed),
+        back_by_trap: slot.back_by_trap.load(Ordering::Relaxed),
+    })
 }

@@ -17,7 +17,9 @@ use core::arch::asm;
 pub(crate) unsafe fn load_u8(addr: usize) -> u8 {
     let v: u8;
     // SAFETY: the caller guarantees `addr` is readable; a byte load is atomic.
-    unsafe { asm!("mov {v}, byte ptr [{p}]", p = in(reg) addr, v = out(reg_byte) v, options(nostack, readonly, preserves_flags)) };
+    unsafe {
+        asm!("mov {v}, byte ptr [{p}]", p = in(reg) addr, v = out(reg_byte) v, options(nostack, readonly, preserves_flags))
+    };
     v
 }
 
@@ -29,7 +31,9 @@ pub(crate) unsafe fn load_u8(addr: usize) -> u8 {
 pub(crate) unsafe fn load_u64(addr: usize) -> u64 {
     let v: u64;
     // SAFETY: the caller guarantees the bytes are readable and in one line.
-    unsafe { asm!("mov {v}, qword ptr [{p}]", p = in(reg) addr, v = out(reg) v, options(nostack, readonly, preserves_flags)) };
+    unsafe {
+        asm!("mov {v}, qword ptr [{p}]", p = in(reg) addr, v = out(reg) v, options(nostack, readonly, preserves_flags))
+    };
     v
 }
 
@@ -57,7 +61,9 @@ pub(crate) unsafe fn cas_u64(addr: usize, old: u64, new: u64) -> u64 {
 pub(crate) unsafe fn xchg_u8(addr: usize, new: u8) -> u8 {
     let mut v = new;
     // SAFETY: the caller guarantees `addr` is writable; xchg with memory is locked.
-    unsafe { asm!("xchg byte ptr [{p}], {v}", p = in(reg) addr, v = inout(reg_byte) v, options(nostack, preserves_flags)) };
+    unsafe {
+        asm!("xchg byte ptr [{p}], {v}", p = in(reg) addr, v = inout(reg_byte) v, options(nostack, preserves_flags))
+    };
     v
 }
 
@@ -108,11 +114,7 @@ pub struct Mismatch {
 /// window is writable (see [`make_writable`](crate::make_writable)). Other
 /// threads may be executing the bytes: the caller answers for the new bytes
 /// being valid code at every moment.
-pub unsafe fn store_in_line(
-    addr: *mut u8,
-    new: &[u8],
-    expected: Option<&[u8]>,
-) -> Result<[u8; 8], Mismatch> {
+pub unsafe fn store_in_line(addr: *mut u8, new: &[u8], expected: Option<&[u8]>) -> Result<[u8; 8], Mismatch> {
     let addr = addr as usize;
     let len = new.len();
     debug_assert!((1..=MAX_PATCH_LEN).contains(&len) && !is_straddler(addr, len));

@@ -84,7 +84,8 @@ fn current_is_ours() -> bool {
     // SAFETY: query only.
     unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur) == 0 && cur.sa_sigaction == on_sigtrap as *const () as usize
+        libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur) == 0
+            && cur.sa_sigaction == on_sigtrap as *const () as usize
     }
 }
 

@@ -8,10 +8,20 @@ pub fn now() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// Ticks elapsed since `from`, read with [`now_ordered`] so the reading is
+/// taken after every earlier load (of `from` in particular). A `from` still
+/// ahead of the reading, as a stamp just written on another core may be,
+/// counts as 0 elapsed, never as a wrapped-around huge value.
+#[inline]
+pub fn elapsed_since(from: u64) -> u64 {
+    let d = now_ordered().wrapping_sub(from) as i64;
+    d.max(0) as u64
+}
+
 /// Spins until at least `ticks` TSC ticks have passed since `from`.
 #[inline]
 pub fn spin_until(from: u64, ticks: u64) {
-    while now().wrapping_sub(from) < ticks {
+    while elapsed_since(from) < ticks {
         core::hint::spin_loop();
     }
 }
@@ -24,5 +34,19 @@ pub fn now_ordered() -> u64 {
     unsafe {
         core::arch::x86_64::_mm_lfence();
         core::arch::x86_64::_rdtsc()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_ahead_of_now_is_not_elapsed() {
+        let future = now_ordered() + 1_000_000_000;
+        assert_eq!(elapsed_since(future), 0);
+        let t = now_ordered();
+        spin_until(t, 100);
+        assert!(elapsed_since(t) >= 100);
     }
 }

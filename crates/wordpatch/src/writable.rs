@@ -188,10 +188,7 @@ mod tests {
             make_writable(data.as_ptr(), 1),
             Err(Error::NotExecutable { .. })
         ));
-        assert!(matches!(
-            make_writable(8 as *const u8, 1),
-            Err(Error::NotMapped { .. })
-        ));
+        assert!(matches!(make_writable(8 as *const u8, 1), Err(Error::NotMapped { .. })));
     }
 
     #[test]

@@ -43,9 +43,19 @@ fn application_traps_reach_the_application() {
     mm.fill(0xCC);
     mm[126..132].copy_from_slice(&[0xB8, 1, 0, 0, 0, 0xC3]);
     let m = mm.make_exec().unwrap();
-    let site = unsafe { m.as_ptr().add(126) } as *mut u8;
+    let site = m.as_ptr().wrapping_add(126) as *mut u8;
     // SAFETY: mov eax, imm32 -> mov eax, imm32.
-    unsafe { start_patch(site, &[0xB8, 7, 0, 0, 0], &PatchOptions { expected: None, wait: Some(Wait::Tmax(10_000_000)) }) }.unwrap();
+    unsafe {
+        start_patch(
+            site,
+            &[0xB8, 7, 0, 0, 0],
+            &PatchOptions {
+                expected: None,
+                wait: Some(Wait::Tmax(10_000_000)),
+            },
+        )
+    }
+    .unwrap();
     // SAFETY: `mov eax, imm32; ret` is a C-ABI function.
     let g: extern "C" fn() -> u32 = unsafe { std::mem::transmute(site) };
     assert_eq!(g(), 7);

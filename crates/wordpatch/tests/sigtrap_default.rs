@@ -17,6 +17,9 @@ fn foreign_trap_still_takes_the_default_action() {
     let mut status = 0;
     // SAFETY: reaping our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(libc::WIFSIGNALED(status), "child survived a foreign SIGTRAP: status {status:#x}");
+    assert!(
+        libc::WIFSIGNALED(status),
+        "child survived a foreign SIGTRAP: status {status:#x}"
+    );
     assert_eq!(libc::WTERMSIG(status), libc::SIGTRAP);
 }

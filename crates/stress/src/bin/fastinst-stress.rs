@@ -74,7 +74,11 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         match a.as_str() {
             "--strategies" => r.strategies = parse_list(&val()?, |s| s.parse())?,
             "--forms" => r.forms = Some(parse_list(&val()?, parse_form)?),
-            "--splits" => r.splits = Some(parse_list(&val()?, |s| s.parse().map_err(|_| format!("bad split `{s}`")))?),
+            "--splits" => {
+                r.splits = Some(parse_list(&val()?, |s| {
+                    s.parse().map_err(|_| format!("bad split `{s}`"))
+                })?)
+            }
             "--executors" => r.executors = val()?.parse().map_err(|_| "bad --executors")?,
             "--trials" => r.trials = val()?.parse().map_err(|_| "bad --trials")?,
             "--toggles" => r.toggles = val()?.parse().map_err(|_| "bad --toggles")?,
@@ -104,7 +108,10 @@ fn cmd_run(args: &[String]) -> Result<bool, String> {
         a.executors, a.trials, a.toggles, a.seconds, stress::MIN_CORUN_TOGGLES, stress::MIN_CORUN_RATIO * 100.0
     );
     for &strategy in &a.strategies {
-        let forms = a.forms.clone().unwrap_or_else(|| vec![Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32]);
+        let forms = a
+            .forms
+            .clone()
+            .unwrap_or_else(|| vec![Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32]);
         for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
             let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
             for split in splits.into_iter().filter(|&s| s < form.len()) {
@@ -121,7 +128,11 @@ fn cmd_run(args: &[String]) -> Result<bool, String> {
                 println!("{}", r.result_line());
                 total_toggles += r.toggles;
                 total_failures += r.failures;
-                let ok = if a.expect_failure { r.failures > 0 } else { r.failures == 0 && r.counted > 0 };
+                let ok = if a.expect_failure {
+                    r.failures > 0
+                } else {
+                    r.failures == 0 && r.counted > 0
+                };
                 if !ok {
                     all_ok = false;
                     println!(
@@ -147,7 +158,10 @@ fn cmd_demo() -> Result<bool, String> {
     use std::sync::Arc;
     println!("A live `call` at a 3|2 cache-line split, run by 2 threads in a loop,");
     println!("switched off and on by each strategy for 300 ms:\n");
-    println!("{:<16} {:>10} {:>14} {:>14} {:>8}", "strategy", "toggles", "calls active", "calls off", "torn");
+    println!(
+        "{:<16} {:>10} {:>14} {:>14} {:>8}",
+        "strategy", "toggles", "calls active", "calls off", "torn"
+    );
     for strategy in ["call-flip", "call-paper", "word-tmax", "word-synccore"] {
         let strategy: Strategy = strategy.parse()?;
         let fx = Arc::new(stress::Fixture::new(Form::CallRel32, 3).map_err(|e| e.to_string())?);
@@ -183,7 +197,14 @@ fn cmd_demo() -> Result<bool, String> {
             let _ = h.join();
         }
         let c: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        println!("{:<16} {:>10} {:>14} {:>14} {:>8}", strategy.to_string(), toggles, c[0], c[1], c[2]);
+        println!(
+            "{:<16} {:>10} {:>14} {:>14} {:>8}",
+            strategy.to_string(),
+            toggles,
+            c[0],
+            c[1],
+            c[2]
+        );
     }
     println!("\n`torn` counts calls that saw half-old, half-new code: it must be 0.");
     Ok(true)
@@ -195,48 +216,98 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     let field_n = 20_000;
     let base = bench::baseline_store(reps);
     let mut rows: Vec<Row> = Vec::new();
-    let mut row = |op: String, stats: bench::Stats| rows.push(Row { op, stats, baseline: base.median });
+    let mut row = |op: String, stats: bench::Stats| {
+        rows.push(Row {
+            op,
+            stats,
+            baseline: base.median,
+        })
+    };
     row("baseline: 1-byte store to an idle code line".into(), base);
-    for (name, strategy) in [("callpatch flip", Strategy::CallFlip), ("callpatch paper", Strategy::CallPaper)] {
+    for (name, strategy) in [
+        ("callpatch flip", Strategy::CallFlip),
+        ("callpatch paper", Strategy::CallPaper),
+    ] {
         for form in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
             for split in 0..form.len() {
-                row(format!("{name}: toggle idle {form:?} split {split}"), bench::toggle_idle(strategy, form, split, reps)?);
+                row(
+                    format!("{name}: toggle idle {form:?} split {split}"),
+                    bench::toggle_idle(strategy, form, split, reps)?,
+                );
             }
         }
     }
     for split in 0..5 {
-        row(format!("callpatch flip: toggle CallRel32 split {split}, other core executing"), bench::toggle_busy(Strategy::CallFlip, Form::CallRel32, split, reps)?);
-        row(format!("callpatch paper: toggle CallRel32 split {split}, other core executing"), bench::toggle_busy(Strategy::CallPaper, Form::CallRel32, split, reps)?);
+        row(
+            format!("callpatch flip: toggle CallRel32 split {split}, other core executing"),
+            bench::toggle_busy(Strategy::CallFlip, Form::CallRel32, split, reps)?,
+        );
+        row(
+            format!("callpatch paper: toggle CallRel32 split {split}, other core executing"),
+            bench::toggle_busy(Strategy::CallPaper, Form::CallRel32, split, reps)?,
+        );
     }
-    let tmax = match wordpatch::default_wait().0 {
-        wordpatch::Wait::Tmax(t) => t,
-        wordpatch::Wait::SyncCore => wordpatch::BUILTIN_TMAX,
-    };
+    let tmax = wordpatch::default_tmax();
     let wreps = if quick { 51 } else { 201 };
-    row("wordpatch: patch non-straddling word (call<->nop)".into(), bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, 0, reps)?);
+    row(
+        "wordpatch: patch non-straddling word (call<->nop)".into(),
+        bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, 0, reps)?,
+    );
     for split in 1..5 {
-        row(format!("wordpatch sync Tmax({tmax}): straddler split {split}"), bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, split, wreps)?);
-        row(format!("wordpatch sync SyncCore: straddler split {split}, idle"), bench::toggle_idle(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?);
-        row(format!("wordpatch sync SyncCore: straddler split {split}, other core executing"), bench::toggle_busy(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?);
-        row(format!("wordpatch async: start_patch straddler split {split}"), bench::async_start(split, wreps)?);
+        row(
+            format!("wordpatch sync Tmax({tmax}): straddler split {split}"),
+            bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, split, wreps)?,
+        );
+        row(
+            format!("wordpatch sync SyncCore: straddler split {split}, idle"),
+            bench::toggle_idle(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?,
+        );
+        row(
+            format!("wordpatch sync SyncCore: straddler split {split}, other core executing"),
+            bench::toggle_busy(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?,
+        );
+        row(
+            format!("wordpatch async: start_patch straddler split {split}"),
+            bench::async_start(split, wreps)?,
+        );
     }
     let field = bench::SiteField::new(field_n)?;
     let passes = if quick { 11 } else { 31 };
     for mode in [Mode::Flip, Mode::Paper] {
         let (off, on) = bench::field_passes(&field, mode, passes);
-        row(format!("callpatch {mode:?}: deactivate pass over {field_n} idle probes ({} straddle)", field.straddlers()), off);
-        row(format!("callpatch {mode:?}: activate pass over {field_n} idle probes"), on);
+        row(
+            format!(
+                "callpatch {mode:?}: deactivate pass over {field_n} idle probes ({} straddle)",
+                field.straddlers()
+            ),
+            off,
+        );
+        row(
+            format!("callpatch {mode:?}: activate pass over {field_n} idle probes"),
+            on,
+        );
     }
     for split in [0, 1, 3] {
         for state in ["nop", "active", "flip", "paper"] {
-            row(format!("invoke CallRel32 split {split}: site {state}"), bench::invoke_cost(Form::CallRel32, split, state, reps)?);
+            row(
+                format!("invoke CallRel32 split {split}: site {state}"),
+                bench::invoke_cost(Form::CallRel32, split, state, reps)?,
+            );
         }
     }
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
-    println!("cpu: {cpu}; cores: {}; TSC resolution: {} ticks; batches of up to 256 ops", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), bench::tsc_resolution());
+    println!(
+        "cpu: {cpu}; cores: {}; TSC resolution: {} ticks; batches of up to 256 ops",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        bench::tsc_resolution()
+    );
     println!("ticks per operation (median, p90); ratio = median / baseline median, same run\n");
     println!("| operation | median | p90 | ratio |\n| --- | --- | --- | --- |");
     for r in &rows {

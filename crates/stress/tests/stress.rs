@@ -1,0 +1,119 @@
+//! The cross-modification proof, run through the `fastinst-stress` binary so
+//! that every trial is a forked child of a single-threaded process.
+//!
+//! Bounded for CI (a few seconds per strategy on 2 cores). For the long mode
+//! (>= 1e8 toggles per configuration) set `FASTINST_STRESS_LONG=1`, or run
+//! `fastinst-stress run --long` directly. Tests take a lock so that stress
+//! runs never compete with each other for the cores.
+
+use std::process::Command;
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Run {
+    stdout: String,
+    success: bool,
+}
+
+fn stress(args: &[&str]) -> Run {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let long = std::env::var_os("FASTINST_STRESS_LONG").is_some();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fastinst-stress"));
+    cmd.arg("run").args(args);
+    if long && !args.contains(&"--expect-failure") {
+        cmd.arg("--long");
+    }
+    let out = cmd.output().expect("run fastinst-stress");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Shown with --nocapture and on failure: the `N toggles, F failures` lines.
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    Run {
+        stdout,
+        success: out.status.success(),
+    }
+}
+
+/// (label, toggles, failures, counted) from each RESULT line.
+fn results(out: &str) -> Vec<(String, u64, u64, u64)> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let label = it.next().unwrap_or("").to_string();
+            let kv: std::collections::HashMap<&str, u64> = it
+                .filter_map(|f| f.split_once('='))
+                .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+                .collect();
+            (label, kv["toggles"], kv["failures"], kv["counted"])
+        })
+        .collect()
+}
+
+fn assert_clean(run: &Run, configs: usize) {
+    let r = results(&run.stdout);
+    assert_eq!(r.len(), configs, "expected {configs} configurations:\n{}", run.stdout);
+    for (label, toggles, failures, counted) in &r {
+        assert_eq!(*failures, 0, "{label}: {failures} failures");
+        assert!(*counted >= 1, "{label}: no trial with co-run evidence");
+        assert!(*toggles >= 100, "{label}: only {toggles} toggles");
+    }
+    assert!(run.success, "fastinst-stress reported failure:\n{}", run.stdout);
+}
+
+#[test]
+fn callpatch_paper_every_form_and_split() {
+    let run = stress(&["--strategies", "call-paper", "--trials", "2", "--seconds", "0.3"]);
+    assert_clean(&run, 5 + 6 + 5);
+}
+
+#[test]
+fn callpatch_flip_every_form_and_split() {
+    let run = stress(&["--strategies", "call-flip", "--trials", "2", "--seconds", "0.3"]);
+    assert_clean(&run, 5 + 6 + 5);
+}
+
+#[test]
+fn wordpatch_sync_tmax_every_split() {
+    let run = stress(&["--strategies", "word-tmax", "--trials", "2", "--seconds", "0.5"]);
+    assert_clean(&run, 5);
+}
+
+#[test]
+fn wordpatch_sync_synccore_every_split() {
+    let run = stress(&["--strategies", "word-synccore", "--trials", "2", "--seconds", "0.5"]);
+    assert_clean(&run, 5);
+}
+
+#[test]
+fn wordpatch_async_every_split() {
+    let run = stress(&["--strategies", "word-async", "--trials", "2", "--seconds", "0.5"]);
+    assert_clean(&run, 5);
+}
+
+/// Proof the harness can fail: writing a straddler as two plain stores, or
+/// INT3-locking it with no wait, must crash executors at every split.
+#[test]
+fn negative_controls_are_caught_at_every_split() {
+    let run = stress(&[
+        "--strategies",
+        "word-naive,word-tmax:0",
+        "--splits",
+        "1,2,3,4",
+        "--trials",
+        "20",
+        "--seconds",
+        "1",
+        "--expect-failure",
+    ]);
+    let r = results(&run.stdout);
+    assert_eq!(r.len(), 8, "{}", run.stdout);
+    for (label, _, failures, _) in &r {
+        assert!(
+            *failures >= 1,
+            "{label}: the harness saw no failure of a broken protocol"
+        );
+    }
+    assert!(run.success);
+}
