@@ -1,7 +1,7 @@
 //! Patching semantics on real code pages: every offset and length, every
 //! error, the asynchronous state machine, flush, the finisher, contention.
 
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::Duration;
 use wordpatch::*;
 
@@ -26,6 +26,15 @@ fn code_page(fill: u8) -> CodePage {
     let mut m = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
     m.fill(fill);
     CodePage(m.make_exec().unwrap())
+}
+
+/// `flush` and the `Finisher` complete every patch in the process, by design;
+/// tests that need a patch to stay in flight, and tests that drive all
+/// patches, take this lock so they do not run at the same time.
+static GLOBAL_DRIVERS: Mutex<()> = Mutex::new(());
+
+fn exclusive() -> MutexGuard<'static, ()> {
+    GLOBAL_DRIVERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn bytes(m: &CodePage) -> Vec<u8> {
@@ -110,6 +119,7 @@ fn errors() {
 
 #[test]
 fn async_state_machine_steps() {
+    let _g = exclusive();
     let m = code_page(0x90);
     let p = m.as_ptr() as *mut u8;
     let site = p.wrapping_add(128 - 3); // 3|2 split
@@ -165,6 +175,7 @@ fn async_state_machine_steps() {
 
 #[test]
 fn flush_completes_many_in_flight() {
+    let _g = exclusive();
     let m = code_page(0x90);
     let p = m.as_ptr() as *mut u8;
     let lines = PAGE_SIZE / CACHE_LINE - 1;
@@ -191,6 +202,7 @@ fn flush_completes_many_in_flight() {
 
 #[test]
 fn finisher_completes_in_background() {
+    let _g = exclusive();
     let m = code_page(0x90);
     let p = m.as_ptr() as *mut u8;
     let f = Finisher::spawn().unwrap();
@@ -221,6 +233,7 @@ fn finisher_completes_in_background() {
 
 #[test]
 fn synccore_patch() {
+    let _g = exclusive();
     if ensure_sync_core().is_err() {
         eprintln!("membarrier SYNC_CORE unavailable here; skipped");
         return;
@@ -341,6 +354,7 @@ fn same_site_contention_always_has_a_winner() {
 
 #[test]
 fn a_thread_running_into_its_own_pending_patch_completes_it() {
+    let _g = exclusive();
     let mut mm = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
     mm.fill(0xCC);
     let site_off = 256 - 2; // 2|3 split
