@@ -5,9 +5,9 @@
 
 use callpatch::Form;
 use criterion::measurement::{Measurement, ValueFormatter};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use stress::{Fixture, Strategy, Toggler};
-use wordpatch::tsc;
+use wordpatch::{tsc, Wait};
 
 /// TSC ticks as criterion's unit of measurement.
 struct Ticks;
@@ -54,6 +54,22 @@ impl Measurement for Ticks {
     }
 }
 
+/// One benchmark: toggles of a fresh site, left active afterwards.
+fn bench_site(g: &mut BenchmarkGroup<'_, Ticks>, strategy: Strategy, form: Form, split: usize, name: &str) {
+    let fx = Fixture::new(form, split).expect("fixture");
+    let t = Toggler::new(&fx, strategy).expect("toggler");
+    let mut on = true;
+    g.bench_function(BenchmarkId::new(name, split), |b| {
+        b.iter(|| {
+            on = !on;
+            t.set(on).expect("toggle");
+        })
+    });
+    if !on {
+        t.set(true).expect("restore");
+    }
+}
+
 fn toggles(c: &mut Criterion<Ticks>) {
     let forms = [
         ("call", Form::CallRel32),
@@ -67,43 +83,21 @@ fn toggles(c: &mut Criterion<Ticks>) {
         let mut g = c.benchmark_group(name);
         for (fname, form) in forms {
             for split in 0..form.len() {
-                let fx = Fixture::new(form, split).expect("fixture");
-                let t = Toggler::new(&fx, strategy).expect("toggler");
-                let mut on = true;
-                g.bench_function(BenchmarkId::new(fname, split), |b| {
-                    b.iter(|| {
-                        on = !on;
-                        t.set(on).expect("toggle");
-                    })
-                });
-                if !on {
-                    t.set(true).expect("restore");
-                }
+                bench_site(&mut g, strategy, form, split, fname);
             }
         }
         g.finish();
     }
     let tmax = wordpatch::default_tmax();
     for (strategy, name) in [
-        (Strategy::WordTmax(tmax), "wordpatch-sync-tmax"),
-        (Strategy::WordSyncCore, "wordpatch-sync-synccore"),
-        (Strategy::WordAsync(tmax), "wordpatch-async-tmax"),
+        (Strategy::WordSync(Wait::Tmax(tmax)), "wordpatch-sync-tmax"),
+        (Strategy::WordSync(Wait::SyncCore), "wordpatch-sync-synccore"),
+        (Strategy::WordAsync(Wait::Tmax(tmax)), "wordpatch-async-tmax"),
     ] {
         let mut g = c.benchmark_group(name);
         g.sample_size(20);
         for split in 0..5 {
-            let fx = Fixture::new(Form::CallRel32, split).expect("fixture");
-            let t = Toggler::new(&fx, strategy).expect("toggler");
-            let mut on = true;
-            g.bench_function(BenchmarkId::new("call", split), |b| {
-                b.iter(|| {
-                    on = !on;
-                    t.set(on).expect("toggle");
-                })
-            });
-            if !on {
-                t.set(true).expect("restore");
-            }
+            bench_site(&mut g, strategy, Form::CallRel32, split, "call");
         }
         g.finish();
     }

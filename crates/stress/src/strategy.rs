@@ -9,12 +9,10 @@ use wordpatch::{patch_with, start_patch, store_in_line, PatchOptions, Progress, 
 /// A toggle strategy under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
-    /// wordpatch synchronous patch, `call` <-> 5-byte NOP, waiting `Tmax(ticks)`.
-    WordTmax(u64),
-    /// wordpatch synchronous patch with membarrier SYNC_CORE waits.
-    WordSyncCore,
-    /// wordpatch `start_patch` + `finish_patch` polling, `Tmax(ticks)`.
-    WordAsync(u64),
+    /// wordpatch synchronous `patch`, `call` <-> 5-byte NOP, with this wait.
+    WordSync(Wait),
+    /// wordpatch `start_patch` + `finish_patch` polling, with this wait.
+    WordAsync(Wait),
     /// Negative control: a straddler written as two plain stores, back part
     /// then front part, with no INT3 lock and no wait. Must fail.
     WordNaive,
@@ -33,16 +31,22 @@ impl Strategy {
 
     /// Whether the strategy is expected to fail (a negative control).
     pub fn is_control(self) -> bool {
-        matches!(self, Strategy::WordNaive | Strategy::WordTmax(0))
+        matches!(self, Strategy::WordNaive | Strategy::WordSync(Wait::Tmax(0)))
+    }
+
+    /// Whether the strategy is a callpatch mode (no waits at any split).
+    pub fn is_callpatch(self) -> bool {
+        matches!(self, Strategy::CallPaper | Strategy::CallFlip)
     }
 }
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Strategy::WordTmax(t) => write!(f, "word-tmax:{t}"),
-            Strategy::WordSyncCore => write!(f, "word-synccore"),
-            Strategy::WordAsync(t) => write!(f, "word-async:{t}"),
+            Strategy::WordSync(Wait::Tmax(t)) => write!(f, "word-tmax:{t}"),
+            Strategy::WordSync(Wait::SyncCore) => write!(f, "word-synccore"),
+            Strategy::WordAsync(Wait::Tmax(t)) => write!(f, "word-async:{t}"),
+            Strategy::WordAsync(Wait::SyncCore) => write!(f, "word-async-synccore"),
             Strategy::WordNaive => write!(f, "word-naive"),
             Strategy::CallPaper => write!(f, "call-paper"),
             Strategy::CallFlip => write!(f, "call-flip"),
@@ -53,19 +57,25 @@ impl fmt::Display for Strategy {
 impl FromStr for Strategy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let default = wordpatch::default_tmax;
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a.parse::<u64>().map_err(|_| format!("bad ticks in `{s}`"))?)),
             None => (s, None),
         };
+        let tmax = || Wait::Tmax(arg.unwrap_or_else(wordpatch::default_tmax));
         Ok(match name {
-            "word-tmax" => Strategy::WordTmax(arg.unwrap_or_else(default)),
-            "word-synccore" => Strategy::WordSyncCore,
-            "word-async" => Strategy::WordAsync(arg.unwrap_or_else(default)),
+            "word-tmax" => Strategy::WordSync(tmax()),
+            "word-synccore" => Strategy::WordSync(Wait::SyncCore),
+            "word-async" => Strategy::WordAsync(tmax()),
+            "word-async-synccore" => Strategy::WordAsync(Wait::SyncCore),
             "word-naive" => Strategy::WordNaive,
             "call-paper" => Strategy::CallPaper,
             "call-flip" => Strategy::CallFlip,
-            _ => return Err(format!("unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-naive, call-paper, call-flip)")),
+            _ => {
+                return Err(format!(
+                    "unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-async-synccore, \
+                     word-naive, call-paper, call-flip)"
+                ))
+            }
         })
     }
 }
@@ -122,11 +132,7 @@ impl Toggler {
                 };
                 r.map_err(|e| e.to_string())
             }
-            Strategy::WordTmax(_) | Strategy::WordSyncCore => {
-                let wait = match self.strategy {
-                    Strategy::WordTmax(t) => Wait::Tmax(t),
-                    _ => Wait::SyncCore,
-                };
+            Strategy::WordSync(wait) => {
                 let o = PatchOptions {
                     expected: Some(old),
                     wait: Some(wait),
@@ -136,12 +142,12 @@ impl Toggler {
                 // boundaries for the executors.
                 unsafe { patch_with(self.site, new, &o) }.map_err(|e| e.to_string())
             }
-            Strategy::WordAsync(t) => {
+            Strategy::WordAsync(wait) => {
                 let o = PatchOptions {
                     expected: Some(old),
-                    wait: Some(Wait::Tmax(t)),
+                    wait: Some(wait),
                 };
-                // SAFETY: as for the synchronous strategies.
+                // SAFETY: as for the synchronous strategy.
                 let started = unsafe { start_patch(self.site, new, &o) }.map_err(|e| e.to_string())?;
                 if started == Progress::InFlight {
                     while wordpatch::finish_patch(self.site) == Progress::InFlight {

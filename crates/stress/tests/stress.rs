@@ -1,7 +1,9 @@
 //! The cross-modification proof, run through the `fastinst-stress` binary so
-//! that every trial is a forked child of a single-threaded process.
+//! that every trial is a forked child of a single-threaded process: every
+//! protocol this project relies on by default, at every split, with co-run
+//! evidence; and the negative controls, which must fail.
 //!
-//! Bounded for CI (a few seconds per strategy on 2 cores). For the long mode
+//! Bounded for CI (about two minutes in all on 2 cores). For the long mode
 //! (>= 1e8 toggles per configuration) set `FASTINST_STRESS_LONG=1`, or run
 //! `fastinst-stress run --long` directly. Tests take a lock so that stress
 //! runs never compete with each other for the cores.
@@ -64,33 +66,33 @@ fn assert_clean(run: &Run, configs: usize) {
 
 #[test]
 fn callpatch_paper_every_form_and_split() {
-    let run = stress(&["--strategies", "call-paper", "--trials", "2", "--seconds", "0.3"]);
+    let run = stress(&["--strategies", "call-paper", "--trials", "3", "--seconds", "0.5"]);
     assert_clean(&run, 5 + 6 + 5);
 }
 
 #[test]
 fn callpatch_flip_every_form_and_split() {
-    let run = stress(&["--strategies", "call-flip", "--trials", "2", "--seconds", "0.3"]);
+    let run = stress(&["--strategies", "call-flip", "--trials", "3", "--seconds", "0.5"]);
     assert_clean(&run, 5 + 6 + 5);
 }
 
 #[test]
-fn wordpatch_sync_tmax_every_split() {
-    let run = stress(&["--strategies", "word-tmax", "--trials", "2", "--seconds", "0.5"]);
-    assert_clean(&run, 5);
-}
-
-#[test]
 fn wordpatch_sync_synccore_every_split() {
-    let run = stress(&["--strategies", "word-synccore", "--trials", "2", "--seconds", "0.5"]);
+    let run = stress(&["--strategies", "word-synccore", "--trials", "3", "--seconds", "1"]);
     assert_clean(&run, 5);
 }
 
 #[test]
-fn wordpatch_async_every_split() {
-    let run = stress(&["--strategies", "word-async", "--trials", "2", "--seconds", "0.5"]);
+fn wordpatch_async_synccore_every_split() {
+    let run = stress(&["--strategies", "word-async-synccore", "--trials", "3", "--seconds", "1"]);
     assert_clean(&run, 5);
 }
+
+// No test asserts 0 failures for the INT3 + Tmax protocol: on this project's
+// VM it tore straddlers at every wait tried (1000 to 12000 ticks) under heavy
+// co-running, with the crash reports showing every wait was honoured (README,
+// "Tmax on this machine"). Whether a machine may use it is for `calibrate` to
+// decide with evidence; the default wait is SyncCore.
 
 /// Proof the harness can fail: writing a straddler as two plain stores, or
 /// INT3-locking it with no wait, must crash executors at every split.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use stress::bench::{self, Row};
 use stress::{run_config, Strategy, TrialSpec};
+use wordpatch::Wait;
 
 const USAGE: &str = "\
 usage: fastinst-stress <command> [options]
@@ -17,8 +18,9 @@ commands:
   bench   ticks per operation (median, p90) for every mode and split
 
 run options:
-  --strategies LIST   word-tmax[:T],word-synccore,word-async[:T],word-naive,
-                      call-paper,call-flip   (default: all but word-naive)
+  --strategies LIST   word-synccore,word-async-synccore,word-tmax[:T],
+                      word-async[:T],word-naive,call-paper,call-flip
+                      (default: all but word-naive)
   --forms LIST        call,ind,jmp (default: all the strategy supports)
   --splits LIST       e.g. 0,1,2 (default: every split of the form)
   --executors N       executor threads (default: max(2, cores))
@@ -59,7 +61,10 @@ struct RunArgs {
 fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let mut r = RunArgs {
-        strategies: parse_list("word-tmax,word-synccore,word-async,call-paper,call-flip", |s| s.parse())?,
+        strategies: parse_list(
+            "word-synccore,word-async-synccore,word-tmax,word-async,call-paper,call-flip",
+            |s| s.parse(),
+        )?,
         forms: None,
         splits: None,
         executors: cores.max(2),
@@ -251,20 +256,20 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     let wreps = if quick { 51 } else { 201 };
     row(
         "wordpatch: patch non-straddling word (call<->nop)".into(),
-        bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, 0, reps)?,
+        bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, 0, reps)?,
     );
     for split in 1..5 {
         row(
             format!("wordpatch sync Tmax({tmax}): straddler split {split}"),
-            bench::toggle_idle(Strategy::WordTmax(tmax), Form::CallRel32, split, wreps)?,
+            bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, split, wreps)?,
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, idle"),
-            bench::toggle_idle(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?,
+            bench::toggle_idle(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, other core executing"),
-            bench::toggle_busy(Strategy::WordSyncCore, Form::CallRel32, split, wreps)?,
+            bench::toggle_busy(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
         );
         row(
             format!("wordpatch async: start_patch straddler split {split}"),
