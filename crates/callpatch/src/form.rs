@@ -149,15 +149,10 @@ pub fn off_bytes(
     Some(off)
 }
 
-/// The bytes a toggle rewrites, as (offset, length) inside the instruction.
-///
-/// For a non-straddler this is the whole instruction: one `lock cmpxchg`
-/// then also checks every byte. For a straddler it is the smallest run that
-/// covers every byte that differs, which lies inside one line.
-pub fn region(site: usize, len: usize, on: &[u8], off: &[u8]) -> (usize, usize) {
-    if split(site, len) == 0 {
-        return (0, len);
-    }
+/// The bytes a toggle rewrites, as (offset, length) inside the instruction:
+/// the smallest run that covers every byte that differs between `on` and
+/// `off`. The mode and form tables guarantee it lies inside one cache line.
+pub fn region(len: usize, on: &[u8], off: &[u8]) -> (usize, usize) {
     let first = (0..len).find(|&i| on[i] != off[i]).unwrap_or(0);
     let last = (0..len).rev().find(|&i| on[i] != off[i]).unwrap_or(0);
     (first, last + 1 - first)
@@ -199,7 +194,7 @@ mod tests {
                     let site = base + 64 * 10 + off_in_line;
                     let on = f.on_bytes(0x0A0B_0C0D);
                     let off = off_bytes(f, 0x0A0B_0C0D, site, mode, Some(tramp)).unwrap();
-                    let (start, len) = region(site, f.len(), &on, &off);
+                    let (start, len) = region(f.len(), &on, &off);
                     assert!(len >= 1, "{f:?} {mode:?} at {off_in_line}: nothing changes");
                     assert!(
                         in_one_line(site + start, len),

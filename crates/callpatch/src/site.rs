@@ -3,16 +3,20 @@
 use crate::error::Error;
 use crate::form::{off_bytes, region, Form, Mode, Trampoline, MAX_FORM_LEN};
 use crate::trampoline;
-use wordpatch::{make_writable, read_code, split, store_in_line};
+use wordpatch::{make_writable, read_code, read_code_u64, split, store_in_line, store_plain};
 
 /// One call site: its form, active bytes, and the precomputed inactive bytes
-/// and store region of each mode, so a toggle is one `lock cmpxchg` (plus, at
-/// a straddler, a check of the bytes outside the region).
+/// and store region of each mode. A toggle reads the instruction (the form
+/// check), then writes its region with one store: a plain store where the
+/// region lies inside an aligned quadword (flip's one byte always does), else
+/// one `lock cmpxchg` that re-checks the region at the instant of the store.
 #[derive(Clone, Debug)]
 pub struct CallSite {
     addr: usize,
     form: Form,
     on: [u8; MAX_FORM_LEN],
+    /// `on`, packed: toggles compare whole instructions as integers.
+    on_word: u64,
     flip: Variant,
     paper: Option<Variant>,
 }
@@ -20,8 +24,15 @@ pub struct CallSite {
 #[derive(Clone, Copy, Debug)]
 struct Variant {
     off: [u8; MAX_FORM_LEN],
+    off_word: u64,
     start: usize,
     len: usize,
+}
+
+fn pack(b: &[u8; MAX_FORM_LEN]) -> u64 {
+    let mut w = [0u8; 8];
+    w[..MAX_FORM_LEN].copy_from_slice(b);
+    u64::from_le_bytes(w)
 }
 
 impl CallSite {
@@ -39,8 +50,13 @@ impl CallSite {
         make_writable(site, form.len())?;
         let on = form.on_bytes(operand);
         let variant = |off: [u8; MAX_FORM_LEN]| {
-            let (start, len) = region(addr, form.len(), &on, &off);
-            Variant { off, start, len }
+            let (start, len) = region(form.len(), &on, &off);
+            Variant {
+                off,
+                off_word: pack(&off),
+                start,
+                len,
+            }
         };
         let tramp: Option<Trampoline> = if split(addr, form.len()) == 1 {
             trampoline::near(addr, form.len())
@@ -53,6 +69,7 @@ impl CallSite {
             addr,
             form,
             on,
+            on_word: pack(&on),
             flip,
             paper,
         };
@@ -141,76 +158,64 @@ impl CallSite {
         }
     }
 
-    /// Bytes outside `v`'s region, which no toggle changes, must hold the
-    /// active form's bytes.
-    fn rest_intact(&self, v: &Variant) -> bool {
-        if v.len == self.form.len() {
-            return true;
-        }
-        (0..self.form.len())
-            .filter(|&i| i < v.start || i >= v.start + v.len)
-            .all(|i| {
-                let mut b = [0u8; 1];
-                // SAFETY: mapped, see `current`.
-                unsafe { read_code((self.addr + i) as *const u8, &mut b) };
-                b[0] == self.on[i]
-            })
+    /// The instruction now, packed (one byte load per byte: a snapshot).
+    #[inline]
+    fn snapshot(&self) -> u64 {
+        // SAFETY: the site's pages were checked mapped in `new`.
+        unsafe { read_code_u64(self.addr as *const u8, self.form.len()) }
     }
 
-    /// One expected-value store of `v`'s region: `to_off` picks the direction.
-    fn store(&self, v: &Variant, to_off: bool) -> bool {
+    /// Rewrites `v`'s region from `from` to `to` if the instruction holds
+    /// `from` now. One store; false if the site held something else.
+    ///
+    /// The check reads the whole instruction, so bytes outside the region are
+    /// checked too. A plain store makes check and store two steps: threads
+    /// that all toggle through callpatch still leave a valid state in every
+    /// interleaving (each state is a whole valid instruction), but a foreign
+    /// writer racing a toggle is not detected; the `cmpxchg` path re-checks
+    /// the region atomically.
+    #[inline]
+    fn rewrite(&self, v: &Variant, from: u64, to: u64) -> bool {
+        if self.snapshot() != from {
+            return false;
+        }
+        let (to, from) = (to.to_le_bytes(), from.to_le_bytes());
         let r = v.start..v.start + v.len;
-        let (new, old) = if to_off {
-            (&v.off[r.clone()], &self.on[r])
-        } else {
-            (&self.on[r.clone()], &v.off[r])
-        };
-        // SAFETY: the region lies in one line (form::region, tested for every
-        // split), the page is writable (`new`), and both states are valid
-        // code with the same boundaries for the threads executing the site.
-        unsafe { store_in_line((self.addr + v.start) as *mut u8, new, Some(old)).is_ok() }
+        let at = (self.addr + v.start) as *mut u8;
+        // SAFETY: the region lies in one line (form tables, tested for every
+        // split), the page is writable (`new`), the site holds `from` (checked
+        // above) and both states are valid code with the same boundaries for
+        // the threads executing the site.
+        unsafe { store_plain(at, &to[r.clone()]) || store_in_line(at, &to[r.clone()], Some(&from[r])).is_ok() }
     }
 
     /// Switches the site off in `mode`. A site already off in `mode` is left
     /// as it is; a site in any other state is refused.
     pub fn deactivate(&self, mode: Mode) -> Result<(), Error> {
-        let v = self.variant(mode).ok_or(Error::NoTrampoline { site: self.addr })?;
-        if self.rest_intact(v) && self.store(v, true) {
+        let Some(v) = self.variant(mode) else {
+            return Err(Error::NoTrampoline { site: self.addr });
+        };
+        if self.rewrite(v, self.on_word, v.off_word) || self.snapshot() == v.off_word {
             return Ok(());
         }
-        let cur = self.current();
-        if cur == self.off(mode).unwrap_or_default() {
-            Ok(())
-        } else {
-            Err(self.unexpected(&cur))
-        }
+        Err(self.unexpected(&self.current()))
     }
 
-    /// Switches the site on, from whichever inactive form it holds (the mode
-    /// it was switched off in is tried first). A site already on is left as it is.
+    /// Switches the site on from whichever inactive form it holds. A site
+    /// already on is left as it is; a site in any other state is refused.
     pub fn activate(&self) -> Result<(), Error> {
-        let first = crate::default_mode();
-        for mode in [first, first.other()] {
-            if let Some(v) = self.variant(mode) {
-                if self.rest_intact(v) && self.store(v, false) {
-                    return Ok(());
-                }
+        let cur = self.snapshot();
+        if cur == self.on_word {
+            return Ok(());
+        }
+        for v in [Some(&self.flip), self.paper.as_ref()].into_iter().flatten() {
+            if cur == v.off_word && self.rewrite(v, v.off_word, self.on_word) {
+                return Ok(());
             }
         }
-        let cur = self.current();
-        if cur == self.on() {
-            Ok(())
-        } else {
-            Err(self.unexpected(&cur))
+        if self.snapshot() == self.on_word {
+            return Ok(());
         }
-    }
-}
-
-impl Mode {
-    fn other(self) -> Mode {
-        match self {
-            Mode::Paper => Mode::Flip,
-            Mode::Flip => Mode::Paper,
-        }
+        Err(self.unexpected(&self.current()))
     }
 }

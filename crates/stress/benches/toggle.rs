@@ -58,16 +58,14 @@ impl Measurement for Ticks {
 fn bench_site(g: &mut BenchmarkGroup<'_, Ticks>, strategy: Strategy, form: Form, split: usize, name: &str) {
     let fx = Fixture::new(form, split).expect("fixture");
     let t = Toggler::new(&fx, strategy).expect("toggler");
-    let mut on = true;
+    let mut on = false;
     g.bench_function(BenchmarkId::new(name, split), |b| {
         b.iter(|| {
             on = !on;
             t.set(on).expect("toggle");
         })
     });
-    if !on {
-        t.set(true).expect("restore");
-    }
+    t.ensure_on().expect("restore");
 }
 
 fn toggles(c: &mut Criterion<Ticks>) {

@@ -75,34 +75,64 @@ pub struct Row {
     pub op: String,
     /// Ticks per operation.
     pub stats: Stats,
-    /// The baseline's median, measured in the same run.
+    /// Label of the baseline this row is compared with.
+    pub baseline_label: char,
+    /// That baseline's median, measured in the same run.
     pub baseline: f64,
 }
 
 impl Row {
-    /// `op | median | p90 | ratio` as a Markdown table row.
+    /// `op | median | p90 | ratio (baseline)` as a Markdown table row.
     pub fn markdown(&self) -> String {
         format!(
-            "| {} | {:.1} | {:.1} | {:.2}x |",
+            "| {} | {:.1} | {:.1} | {:.2}x {} |",
             self.op,
             self.stats.median,
             self.stats.p90,
-            self.stats.median / self.baseline
+            self.stats.median / self.baseline,
+            self.baseline_label
         )
     }
 }
 
-/// A plain one-byte store to an idle code line, batched: the baseline every
-/// toggle is compared with (a toggle is at least one store to code).
-pub fn baseline_store(reps: usize) -> Stats {
+/// Baseline B: one locked byte exchange in an idle code line (the floor of
+/// any atomic write to code), batched.
+pub fn baseline_locked_store(reps: usize) -> Stats {
     let fx = Fixture::new(Form::CallRel32, 0).expect("fixture");
+    wordpatch::make_writable(fx.site, 8).expect("writable");
     // SAFETY: the `ret` right after the site, inside the fixture's page.
     let p = unsafe { fx.site.add(fx.form.len()) };
     batched(64, reps, |_| {
-        // SAFETY: the fixture's page is writable; storing its own `ret` byte
-        // back changes nothing any thread could observe.
-        unsafe { std::ptr::write_volatile(p, 0xC3) }
+        // SAFETY: the page is writable and the byte is only accessed
+        // atomically here; exchanging the `ret` for itself changes nothing.
+        let b = unsafe { std::sync::atomic::AtomicU8::from_ptr(p) };
+        std::hint::black_box(b.swap(0xC3, Ordering::SeqCst));
     })
+}
+
+/// Baseline C: a plain store of a site's own first byte while another thread
+/// executes the site (the cost of touching a line another core runs).
+pub fn baseline_busy_store(reps: usize) -> Stats {
+    let fx = Arc::new(Fixture::new(Form::CallRel32, 0).expect("fixture"));
+    wordpatch::make_writable(fx.site, 8).expect("writable");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (f2, s2) = (fx.clone(), stop.clone());
+    let h = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !s2.load(Ordering::Relaxed) {
+            n = n.wrapping_add((f2.entry)());
+        }
+        n
+    });
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let p = fx.site;
+    let r = batched(16, reps, |_| {
+        // SAFETY: storing the site's own opcode byte back: no change in code.
+        unsafe { std::ptr::write_volatile(p, 0xE8) }
+    });
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    r
 }
 
 /// Toggle cost of `strategy` on an idle site of `form` at `split`, per toggle.
@@ -115,7 +145,7 @@ pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) ->
     let r = batched(batch, reps, |i| {
         t.set(i % 2 == 1).expect("toggle");
     });
-    t.set(true)?;
+    t.ensure_on()?;
     Ok(r)
 }
 
@@ -138,7 +168,7 @@ pub fn toggle_busy(strategy: Strategy, form: Form, split: usize, reps: usize) ->
     let r = batched(if slow { 1 } else { 16 }, reps, |i| {
         t.set(i % 2 == 1).expect("toggle");
     });
-    t.set(true)?;
+    t.ensure_on()?;
     stop.store(true, Ordering::Relaxed);
     let _ = h.join();
     Ok(r)
@@ -225,6 +255,22 @@ impl Drop for SiteField {
         // SAFETY: unmapping the field's own mapping.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
+}
+
+/// Baseline A: per-site ticks of a pass of plain one-byte stores (each
+/// site's own opcode byte) over the field: the floor of any toggle pass.
+pub fn field_store_pass(field: &SiteField, reps: usize) -> Stats {
+    let n = field.sites.len() as f64;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = tsc::now_ordered();
+        for s in &field.sites {
+            // SAFETY: the field's RWX mapping; the byte's own value.
+            unsafe { std::ptr::write_volatile(s.addr() as *mut u8, 0xE8) };
+        }
+        v.push((tsc::now_ordered() - t0) as f64 / n);
+    }
+    Stats::of(&mut v)
 }
 
 /// Per-toggle ticks of a deactivation pass and an activation pass over every

@@ -114,6 +114,18 @@ impl Toggler {
         })
     }
 
+    /// Leaves the site active, whichever state it is in now.
+    pub fn ensure_on(&self) -> Result<(), String> {
+        let mut cur = vec![0u8; self.on.len()];
+        // SAFETY: the fixture's site is mapped (checked when preparing).
+        unsafe { wordpatch::read_code(self.site, &mut cur) };
+        if cur == self.on {
+            Ok(())
+        } else {
+            self.set(true)
+        }
+    }
+
     /// Switches the site on or off; an error means the site was not in the
     /// state the previous toggle left it in.
     pub fn set(&self, on: bool) -> Result<(), String> {

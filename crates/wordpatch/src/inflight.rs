@@ -171,13 +171,14 @@ pub(crate) fn abandon(t: Ticket) {
 /// Starts the first wait of a claimed patch whose INT3 is now in place.
 pub(crate) fn publish(t: Ticket) {
     let slot = &TABLE[t.idx];
+    let now = tsc::now_ordered();
     let stamp = if slot.wait.load(Ordering::Relaxed) == SYNC {
         wait::sync_stamp()
     } else {
-        tsc::now_ordered()
+        now
     };
     slot.stamp.store(stamp, Ordering::Relaxed);
-    slot.t_lock.store(tsc::now_ordered(), Ordering::Relaxed);
+    slot.t_lock.store(now, Ordering::Relaxed);
     slot.t_back.store(0, Ordering::Relaxed);
     slot.lock.store(false, Ordering::Release);
 }
@@ -264,14 +265,11 @@ fn advance_from(t: Ticket, may_sync: bool, in_trap: bool) -> Step {
     match slot.state.load(Ordering::Relaxed) {
         FIRST_WAIT => {
             write_back(site, len, bytes);
-            let stamp = if w == SYNC {
-                wait::sync_stamp()
-            } else {
-                tsc::now_ordered()
-            };
-            slot.t_back.store(tsc::now_ordered(), Ordering::Relaxed);
-            slot.back_by_trap.store(in_trap, Ordering::Relaxed);
+            let now = tsc::now_ordered();
+            let stamp = if w == SYNC { wait::sync_stamp() } else { now };
             slot.stamp.store(stamp, Ordering::Relaxed);
+            slot.t_back.store(now, Ordering::Relaxed);
+            slot.back_by_trap.store(in_trap, Ordering::Relaxed);
             slot.state.store(SECOND_WAIT, Ordering::Relaxed);
             slot.lock.store(false, Ordering::Release);
             Step::Waiting
@@ -395,4 +393,63 @@ pub fn diagnose(site: *const u8) -> Option<SlotDiagnosis> {
         wait: slot.wait.load(Ordering::Relaxed),
         back_by_trap: slot.back_by_trap.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Boundaries (far from any real mapping: the table never touches the
+    /// addresses) whose slot windows start at the same home slot.
+    fn colliding_boundaries(n: usize) -> Vec<usize> {
+        let base = 0x6666_0000_0000usize;
+        let home = |b: usize| window(b).next().unwrap();
+        let target = home(base);
+        (0..)
+            .map(|k| base + k * CACHE_LINE)
+            .filter(|&b| home(b) == target)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn a_full_window_is_too_many_in_flight() {
+        let bs = colliding_boundaries(WINDOW + 1);
+        let mut tickets = Vec::new();
+        for &b in &bs[..WINDOW] {
+            tickets.push(claim(b - 2, &[1, 2, 3, 4], Wait::Tmax(0)).expect("slot"));
+        }
+        let last = bs[WINDOW];
+        assert_eq!(
+            claim(last - 2, &[1, 2, 3, 4], Wait::Tmax(0)),
+            Err(Error::TooManyInFlight { site: last - 2 })
+        );
+        for t in tickets {
+            abandon(t);
+        }
+        let t = claim(last - 2, &[1, 2, 3, 4], Wait::Tmax(0)).expect("a slot after the others left");
+        abandon(t);
+    }
+
+    #[test]
+    fn same_boundary_other_site_overlaps_same_site_is_left_to_int3() {
+        let b = 0x6777_0000_0000usize;
+        let a = claim(b - 3, &[1, 2, 3, 4, 5], Wait::Tmax(0)).unwrap();
+        assert_eq!(
+            claim(b - 1, &[1, 2], Wait::Tmax(0)),
+            Err(Error::OverlapInFlight {
+                site: b - 1,
+                other: b - 3
+            })
+        );
+        // The same site may be claimed twice: the INT3 exchange picks the winner.
+        let twin = claim(b - 3, &[9, 9, 9, 9, 9], Wait::Tmax(0)).unwrap();
+        assert_eq!(find(b - 3).map(|t| t.idx == a.idx || t.idx == twin.idx), Some(true));
+        assert_eq!(overlapping(b + 1, 1), Some(b - 3), "back part of the line after");
+        assert_eq!(overlapping(b - 8, 5), None, "disjoint bytes before the site");
+        abandon(twin);
+        abandon(a);
+        assert_eq!(find(b - 3), None);
+        assert!(!live(a));
+    }
 }

@@ -46,7 +46,7 @@ pub use finisher::Finisher;
 pub use geometry::{is_straddler, line_start, split, CACHE_LINE, MAX_PATCH_LEN};
 pub use inflight::{diagnose, SlotDiagnosis, SLOTS as MAX_IN_FLIGHT_TABLE};
 pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
-pub use raw::{read_code, store_in_line, Mismatch};
+pub use raw::{read_code, read_code_u64, store_in_line, store_plain, Mismatch};
 pub use sites::MAX_STRADDLER_SITES;
 pub use trap::{install_trap_handler, traps_handled};
 pub use wait::{default_tmax, default_wait, ensure_sync_core, set_default_wait, Wait, WaitSource, BUILTIN_TMAX};

@@ -6,9 +6,9 @@ use crate::geometry::{is_straddler, MAX_PATCH_LEN};
 use crate::inflight::{self, Step, Ticket, INT3};
 use crate::raw;
 use crate::sites;
-use crate::trap::install_trap_handler;
+use crate::trap::ensure_installed;
 use crate::tsc;
-use crate::wait::{default_wait, ensure_sync_core, Wait};
+use crate::wait::{default_wait_copy, ensure_sync_core, Wait};
 use crate::writable::make_writable;
 
 /// Options of one patch.
@@ -18,7 +18,7 @@ pub struct PatchOptions<'a> {
     /// [`Error::Unexpected`] if it holds others. For a non-straddler the check
     /// and the store are one atomic operation.
     pub expected: Option<&'a [u8]>,
-    /// Wait strategy for a straddling patch; `None` takes [`default_wait`].
+    /// Wait strategy for a straddling patch; `None` takes [`default_wait`](crate::default_wait).
     pub wait: Option<Wait>,
 }
 
@@ -192,11 +192,11 @@ unsafe fn start(site: *mut u8, new: &[u8], opts: &PatchOptions<'_>) -> Result<St
     if new[0] == INT3 {
         return Err(Error::StartsWithInt3 { site: addr });
     }
-    let wait = opts.wait.unwrap_or_else(|| default_wait().0);
+    let wait = opts.wait.unwrap_or_else(default_wait_copy);
     if wait == Wait::SyncCore {
         ensure_sync_core()?;
     }
-    install_trap_handler()?;
+    ensure_installed()?;
     sites::insert(addr)?;
     let t = inflight::claim(addr, new, wait)?;
     // SAFETY: the site is writable (above). From here threads reaching the

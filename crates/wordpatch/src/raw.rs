@@ -67,6 +67,22 @@ pub(crate) unsafe fn xchg_u8(addr: usize, new: u8) -> u8 {
     v
 }
 
+/// Reads `len` (at most 8) code bytes at `addr`, one byte load each, packed
+/// little-endian into a `u64` (the rest zero): a snapshot to compare forms
+/// with integer compares. Not atomic across bytes.
+///
+/// # Safety
+/// The bytes must be readable.
+#[inline]
+pub unsafe fn read_code_u64(addr: *const u8, len: usize) -> u64 {
+    let mut v = 0u64;
+    for i in 0..len.min(8) {
+        // SAFETY: the caller guarantees the range is readable.
+        v |= (unsafe { load_u8(addr as usize + i) } as u64) << (8 * i);
+    }
+    v
+}
+
 /// Copies `out.len()` code bytes starting at `addr`, one byte load each.
 /// The copy is not atomic across bytes: use it to inspect, not to decide races.
 ///
@@ -77,6 +93,45 @@ pub unsafe fn read_code(addr: *const u8, out: &mut [u8]) {
         // SAFETY: the caller guarantees the range is readable.
         *b = unsafe { load_u8(addr as usize + i) };
     }
+}
+
+/// Stores `bytes` at `addr` with one plain store instruction if the range
+/// lies inside one naturally aligned quadword and is 1, 2, 4 or 8 bytes long;
+/// returns false, writing nothing, otherwise. Both vendors guarantee such a
+/// store is single-copy atomic (AMD only within an aligned quadword; Intel
+/// within a cache line), and it touches no other byte, so it is the cheapest
+/// way to change an in-line region that no one else writes concurrently.
+///
+/// # Safety
+/// As for [`store_in_line`]; in addition no other thread may write the same
+/// bytes concurrently (nothing checks them at the instant of the store).
+#[inline]
+pub unsafe fn store_plain(addr: *mut u8, bytes: &[u8]) -> bool {
+    let a = addr as usize;
+    let len = bytes.len();
+    if len == 0 || a / 8 != (a + len - 1) / 8 {
+        return false;
+    }
+    // SAFETY (each arm): the caller guarantees the bytes are writable; one
+    // store instruction of the range's exact width.
+    unsafe {
+        match len {
+            1 => {
+                asm!("mov byte ptr [{p}], {v}", p = in(reg) a, v = in(reg_byte) bytes[0], options(nostack, preserves_flags))
+            }
+            2 => {
+                asm!("mov word ptr [{p}], {v:x}", p = in(reg) a, v = in(reg) u16::from_le_bytes([bytes[0], bytes[1]]), options(nostack, preserves_flags))
+            }
+            4 => {
+                asm!("mov dword ptr [{p}], {v:e}", p = in(reg) a, v = in(reg) u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]), options(nostack, preserves_flags))
+            }
+            8 => {
+                asm!("mov qword ptr [{p}], {v}", p = in(reg) a, v = in(reg) pack(bytes), options(nostack, preserves_flags))
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 fn mask(len: usize) -> u64 {
@@ -142,5 +197,28 @@ pub unsafe fn store_in_line(addr: *mut u8, new: &[u8], expected: Option<&[u8]>) 
             return Ok((old_part >> shift).to_le_bytes());
         }
         cur = seen;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_store_only_inside_an_aligned_quadword() {
+        let mut buf = [0u8; 32];
+        let base = buf.as_mut_ptr();
+        let off = (8 - base as usize % 8) % 8; // first aligned quadword
+        let p = base.wrapping_add(off);
+        // SAFETY: all stores land inside `buf`.
+        unsafe {
+            assert!(store_plain(p, &[1]));
+            assert!(store_plain(p.wrapping_add(2), &[2, 3]));
+            assert!(store_plain(p.wrapping_add(4), &[4, 5, 6, 7]));
+            assert!(!store_plain(p.wrapping_add(7), &[9, 9]), "crosses a quadword");
+            assert!(!store_plain(p.wrapping_add(5), &[9, 9, 9]), "3 bytes: no such store");
+            assert!(!store_plain(p.wrapping_add(6), &[9, 9, 9, 9]), "crosses a quadword");
+        }
+        assert_eq!(&buf[off..off + 8], &[1, 0, 2, 3, 4, 5, 6, 7]);
     }
 }

@@ -76,6 +76,17 @@ pub fn install_trap_handler() -> Result<(), Error> {
     Ok(())
 }
 
+/// The patch path's check: installed once, no syscall afterwards (an
+/// application that replaces the handler later must call
+/// [`install_trap_handler`] again, which re-checks with `sigaction`).
+pub(crate) fn ensure_installed() -> Result<(), Error> {
+    if INSTALLED.load(Ordering::Acquire) {
+        Ok(())
+    } else {
+        install_trap_handler()
+    }
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }

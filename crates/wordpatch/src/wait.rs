@@ -91,6 +91,15 @@ pub fn default_wait() -> (Wait, WaitSource) {
     DEFAULT.get_or_init(resolve).clone()
 }
 
+/// [`default_wait`]'s strategy alone, without cloning its source: the patch path's version.
+pub(crate) fn default_wait_copy() -> Wait {
+    match OVERRIDE_KIND.load(Ordering::Acquire) {
+        1 => Wait::Tmax(OVERRIDE_TICKS.load(Ordering::Relaxed)),
+        2 => Wait::SyncCore,
+        _ => DEFAULT.get_or_init(resolve).0,
+    }
+}
+
 fn resolve() -> (Wait, WaitSource) {
     let mut env_wait = None;
     if let Ok(v) = std::env::var("FASTINST_WAIT") {

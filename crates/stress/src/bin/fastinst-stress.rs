@@ -194,9 +194,7 @@ fn cmd_demo() -> Result<bool, String> {
             t.set(toggles % 2 == 1)?;
             toggles += 1;
         }
-        if toggles % 2 == 1 {
-            t.set(true)?;
-        }
+        t.ensure_on()?;
         stop.store(true, Ordering::Relaxed);
         for h in hs {
             let _ = h.join();
@@ -219,16 +217,63 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     let quick = args.iter().any(|a| a == "--quick");
     let reps = if quick { 101 } else { 501 };
     let field_n = 20_000;
-    let base = bench::baseline_store(reps);
+    let field = bench::SiteField::new(field_n)?;
+    let passes = if quick { 11 } else { 31 };
+    let base_a = bench::field_store_pass(&field, passes);
+    let base_b = bench::baseline_locked_store(reps);
+    let base_c = bench::baseline_busy_store(reps);
+    let base_d = bench::invoke_cost(Form::CallRel32, 0, "nop", reps)?;
     let mut rows: Vec<Row> = Vec::new();
-    let mut row = |op: String, stats: bench::Stats| {
+    let mut row = |op: String, stats: bench::Stats, label: char| {
+        let baseline = match label {
+            'A' => base_a.median,
+            'B' => base_b.median,
+            'C' => base_c.median,
+            _ => base_d.median,
+        };
         rows.push(Row {
             op,
             stats,
-            baseline: base.median,
-        })
+            baseline_label: label,
+            baseline,
+        });
     };
-    row("baseline: 1-byte store to an idle code line".into(), base);
+    row(
+        format!("baseline A: plain 1-byte store to each of {field_n} sites, per site"),
+        base_a,
+        'A',
+    );
+    row(
+        "baseline B: locked 1-byte exchange in an idle code line".into(),
+        base_b,
+        'B',
+    );
+    row(
+        "baseline C: plain 1-byte store to a line another core executes".into(),
+        base_c,
+        'C',
+    );
+    row(
+        "baseline D: execute a 5-byte NOP (via call/ret of the fixture)".into(),
+        base_d,
+        'D',
+    );
+    for mode in [Mode::Flip, Mode::Paper] {
+        let (off, on) = bench::field_passes(&field, mode, passes);
+        row(
+            format!(
+                "callpatch {mode:?}: deactivate pass over {field_n} idle probes ({} straddle), per probe",
+                field.straddlers()
+            ),
+            off,
+            'A',
+        );
+        row(
+            format!("callpatch {mode:?}: activate pass over {field_n} idle probes, per probe"),
+            on,
+            'A',
+        );
+    }
     for (name, strategy) in [
         ("callpatch flip", Strategy::CallFlip),
         ("callpatch paper", Strategy::CallPaper),
@@ -238,6 +283,7 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
                 row(
                     format!("{name}: toggle idle {form:?} split {split}"),
                     bench::toggle_idle(strategy, form, split, reps)?,
+                    'B',
                 );
             }
         }
@@ -246,10 +292,12 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
         row(
             format!("callpatch flip: toggle CallRel32 split {split}, other core executing"),
             bench::toggle_busy(Strategy::CallFlip, Form::CallRel32, split, reps)?,
+            'C',
         );
         row(
             format!("callpatch paper: toggle CallRel32 split {split}, other core executing"),
             bench::toggle_busy(Strategy::CallPaper, Form::CallRel32, split, reps)?,
+            'C',
         );
     }
     let tmax = wordpatch::default_tmax();
@@ -257,46 +305,36 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     row(
         "wordpatch: patch non-straddling word (call<->nop)".into(),
         bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, 0, reps)?,
+        'B',
     );
     for split in 1..5 {
         row(
             format!("wordpatch sync Tmax({tmax}): straddler split {split}"),
             bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, split, wreps)?,
+            'B',
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, idle"),
             bench::toggle_idle(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
+            'B',
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, other core executing"),
             bench::toggle_busy(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
+            'C',
         );
         row(
             format!("wordpatch async: start_patch straddler split {split}"),
             bench::async_start(split, wreps)?,
-        );
-    }
-    let field = bench::SiteField::new(field_n)?;
-    let passes = if quick { 11 } else { 31 };
-    for mode in [Mode::Flip, Mode::Paper] {
-        let (off, on) = bench::field_passes(&field, mode, passes);
-        row(
-            format!(
-                "callpatch {mode:?}: deactivate pass over {field_n} idle probes ({} straddle)",
-                field.straddlers()
-            ),
-            off,
-        );
-        row(
-            format!("callpatch {mode:?}: activate pass over {field_n} idle probes"),
-            on,
+            'B',
         );
     }
     for split in [0, 1, 3] {
-        for state in ["nop", "active", "flip", "paper"] {
+        for state in ["active", "flip", "paper"] {
             row(
                 format!("invoke CallRel32 split {split}: site {state}"),
                 bench::invoke_cost(Form::CallRel32, split, state, reps)?,
+                'D',
             );
         }
     }
@@ -313,7 +351,7 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         bench::tsc_resolution()
     );
-    println!("ticks per operation (median, p90); ratio = median / baseline median, same run\n");
+    println!("ticks per operation (median, p90); ratio = median / the median of the baseline named (A-D), same run\n");
     println!("| operation | median | p90 | ratio |\n| --- | --- | --- | --- |");
     for r in &rows {
         println!("{}", r.markdown());
