@@ -387,6 +387,36 @@ fn a_thread_running_into_its_own_pending_patch_completes_it() {
 }
 
 #[test]
+fn a_stalled_synccore_patch_is_finished_by_the_thread_that_traps() {
+    let _g = exclusive();
+    if ensure_sync_core().is_err() {
+        eprintln!("membarrier SYNC_CORE unavailable here; skipped");
+        return;
+    }
+    let mut mm = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
+    mm.fill(0xCC);
+    let site_off = 3 * 64 - 4; // 4|1 split
+    mm[site_off - 1] = 0x90;
+    mm[site_off..site_off + 6].copy_from_slice(&[0xB8, 1, 0, 0, 0, 0xC3]);
+    let m = CodePage(mm.make_exec().unwrap());
+    // SAFETY: `nop; mov eax, imm32; ret` is a C-ABI function.
+    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(m.as_ptr().wrapping_add(site_off - 1)) };
+    let site = m.as_ptr().wrapping_add(site_off) as *mut u8;
+    let o = PatchOptions {
+        expected: None,
+        wait: Some(Wait::SyncCore),
+    };
+    // SAFETY: same length, same boundaries.
+    assert_eq!(
+        unsafe { start_patch(site, &[0xB8, 3, 0, 0, 0], &o) },
+        Ok(Progress::InFlight)
+    );
+    // Nobody else drives it: the trapped thread must escalate to barriers.
+    assert_eq!(f(), 3);
+    assert_eq!(finish_patch(site), Progress::Done);
+}
+
+#[test]
 fn default_wait_has_a_source() {
     let (w, src) = default_wait();
     match src {
