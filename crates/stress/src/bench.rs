@@ -110,11 +110,8 @@ pub fn baseline_locked_store(reps: usize) -> Stats {
     })
 }
 
-/// Baseline C: a plain store of a site's own first byte while another thread
-/// executes the site (the cost of touching a line another core runs).
-pub fn baseline_busy_store(reps: usize) -> Stats {
-    let fx = Arc::new(Fixture::new(Form::CallRel32, 0).expect("fixture"));
-    wordpatch::make_writable(fx.site, 8).expect("writable");
+/// Runs `f` while another thread calls the fixture's site in a loop.
+fn while_executing<R>(fx: &Arc<Fixture>, f: impl FnOnce() -> R) -> R {
     let stop = Arc::new(AtomicBool::new(false));
     let (f2, s2) = (fx.clone(), stop.clone());
     let h = std::thread::spawn(move || {
@@ -125,24 +122,41 @@ pub fn baseline_busy_store(reps: usize) -> Stats {
         n
     });
     std::thread::sleep(std::time::Duration::from_millis(5));
-    let p = fx.site;
-    let r = batched(16, reps, |_| {
-        // SAFETY: storing the site's own opcode byte back: no change in code.
-        unsafe { std::ptr::write_volatile(p, 0xE8) }
-    });
+    let r = f();
     stop.store(true, Ordering::Relaxed);
     let _ = h.join();
     r
+}
+
+/// Straddler wordpatch toggles take thousands of ticks: time them one by one;
+/// everything else in batches of `batch`.
+fn batch_for(strategy: Strategy, fx: &Fixture, batch: u64) -> u64 {
+    if wordpatch::is_straddler(fx.site as usize, fx.form.len()) && !strategy.is_callpatch() {
+        1
+    } else {
+        batch
+    }
+}
+
+/// Baseline C: a plain store of a site's own first byte while another thread
+/// executes the site (the cost of touching a line another core runs).
+pub fn baseline_busy_store(reps: usize) -> Stats {
+    let fx = Arc::new(Fixture::new(Form::CallRel32, 0).expect("fixture"));
+    wordpatch::make_writable(fx.site, 8).expect("writable");
+    let p = fx.site;
+    while_executing(&fx, || {
+        batched(16, reps, |_| {
+            // SAFETY: storing the site's own opcode byte back: no change in code.
+            unsafe { std::ptr::write_volatile(p, 0xE8) }
+        })
+    })
 }
 
 /// Toggle cost of `strategy` on an idle site of `form` at `split`, per toggle.
 pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
     let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
     let t = Toggler::new(&fx, strategy)?;
-    let slow = wordpatch::is_straddler(fx.site as usize, form.len())
-        && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
-    let batch = if slow { 1 } else { 64 };
-    let r = batched(batch, reps, |i| {
+    let r = batched(batch_for(strategy, &fx, 64), reps, |i| {
         t.set(i % 2 == 1).expect("toggle");
     });
     t.ensure_on()?;
@@ -153,24 +167,12 @@ pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) ->
 pub fn toggle_busy(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
     let fx = Arc::new(Fixture::new(form, split).map_err(|e| e.to_string())?);
     let t = Toggler::new(&fx, strategy)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (f2, s2) = (fx.clone(), stop.clone());
-    let h = std::thread::spawn(move || {
-        let mut n = 0u64;
-        while !s2.load(Ordering::Relaxed) {
-            n = n.wrapping_add((f2.entry)());
-        }
-        n
-    });
-    std::thread::sleep(std::time::Duration::from_millis(5));
-    let slow = wordpatch::is_straddler(fx.site as usize, form.len())
-        && !matches!(strategy, Strategy::CallPaper | Strategy::CallFlip);
-    let r = batched(if slow { 1 } else { 16 }, reps, |i| {
-        t.set(i % 2 == 1).expect("toggle");
+    let r = while_executing(&fx, || {
+        batched(batch_for(strategy, &fx, 16), reps, |i| {
+            t.set(i % 2 == 1).expect("toggle");
+        })
     });
     t.ensure_on()?;
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
     Ok(r)
 }
 
