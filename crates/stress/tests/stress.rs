@@ -78,12 +78,20 @@ fn callpatch_flip_every_form_and_split() {
 
 #[test]
 fn wordpatch_sync_synccore_every_split() {
+    if let Err(e) = wordpatch::ensure_sync_core() {
+        eprintln!("skipped: {e}");
+        return;
+    }
     let run = stress(&["--strategies", "word-synccore", "--trials", "3", "--seconds", "1"]);
     assert_clean(&run, 5);
 }
 
 #[test]
 fn wordpatch_async_synccore_every_split() {
+    if let Err(e) = wordpatch::ensure_sync_core() {
+        eprintln!("skipped: {e}");
+        return;
+    }
     let run = stress(&["--strategies", "word-async-synccore", "--trials", "3", "--seconds", "1"]);
     assert_clean(&run, 5);
 }
