@@ -167,7 +167,7 @@ fn cmd_demo() -> Result<bool, String> {
         "{:<16} {:>10} {:>14} {:>14} {:>8}",
         "strategy", "toggles", "calls active", "calls off", "torn"
     );
-    for strategy in ["call-flip", "call-paper", "word-tmax", "word-synccore"] {
+    for strategy in ["call-flip", "call-paper", "word-synccore", "word-async-synccore"] {
         let strategy: Strategy = strategy.parse()?;
         let fx = Arc::new(stress::Fixture::new(Form::CallRel32, 3).map_err(|e| e.to_string())?);
         let t = stress::Toggler::new(&fx, strategy)?;
