@@ -210,6 +210,9 @@ fn cmd_demo() -> Result<bool, String> {
         );
     }
     println!("\n`torn` counts calls that saw half-old, half-new code: it must be 0.");
+    println!("The site straddles a cache line: callpatch toggles it with one store and no wait;");
+    println!("wordpatch INT3-locks it, so threads arriving mid-patch wait in the trap handler,");
+    println!("and a patcher that never pauses (as here) keeps them there most of the time.");
     Ok(true)
 }
 
