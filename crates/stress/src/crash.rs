@@ -82,10 +82,9 @@ extern "C" fn report(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut lib
     }
 }
 
-/// Installs the reporter for the crash signals (SIGTRAP only if no handler
-/// is installed yet, so wordpatch's chains to it) and names the site.
-pub(crate) fn install(site: usize) {
-    SITE.store(site, Ordering::Relaxed);
+/// Installs the reporter for the crash signals, before wordpatch installs
+/// its SIGTRAP handler, so that wordpatch chains foreign traps to it.
+pub(crate) fn install() {
     for sig in [libc::SIGSEGV, libc::SIGILL, libc::SIGBUS, libc::SIGTRAP] {
         // SAFETY: installing a handler in the forked trial child.
         unsafe {

@@ -29,11 +29,6 @@ impl Strategy {
         matches!(self, Strategy::CallPaper | Strategy::CallFlip) || form == Form::CallRel32
     }
 
-    /// Whether the strategy is expected to fail (a negative control).
-    pub fn is_control(self) -> bool {
-        matches!(self, Strategy::WordNaive | Strategy::WordSync(Wait::Tmax(0)))
-    }
-
     /// Whether the strategy is a callpatch mode (no waits at any split).
     pub fn is_callpatch(self) -> bool {
         matches!(self, Strategy::CallPaper | Strategy::CallFlip)

@@ -190,7 +190,7 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         // and leave with _exit so no parent state (atexit, buffers) runs twice.
         unsafe {
             libc::close(fds[0]);
-            crate::crash::install(0);
+            crate::crash::install();
             let code = match run_trial(spec) {
                 Ok(st) => {
                     let w = st.to_words();

@@ -37,6 +37,33 @@ fn exclusive() -> MutexGuard<'static, ()> {
     GLOBAL_DRIVERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Starts an asynchronous patch that states no expected bytes. Every caller
+/// patches a page nothing executes, or swaps `mov eax, imm32` for another
+/// immediate (same length, same boundaries).
+fn start(site: *mut u8, new: &[u8], wait: Wait) -> Result<Progress, Error> {
+    let o = PatchOptions {
+        expected: None,
+        wait: Some(wait),
+    };
+    // SAFETY: see above: the callers' sites are never run, or are replaced
+    // by an instruction of the same length.
+    unsafe { start_patch(site, new, &o) }
+}
+
+/// A page holding `nop; mov eax, 1; ret` with the `mov` at `site_off`:
+/// the page, the function, and the `mov` (the site tests patch).
+fn mov_eax_function(site_off: usize) -> (CodePage, extern "C" fn() -> u32, *mut u8) {
+    let mut mm = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
+    mm.fill(0xCC);
+    mm[site_off - 1] = 0x90;
+    mm[site_off..site_off + 6].copy_from_slice(&[0xB8, 1, 0, 0, 0, 0xC3]);
+    let m = CodePage(mm.make_exec().unwrap());
+    // SAFETY: `nop; mov eax, imm32; ret` is a C-ABI function.
+    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(m.as_ptr().wrapping_add(site_off - 1)) };
+    let site = m.as_ptr().wrapping_add(site_off) as *mut u8;
+    (m, f, site)
+}
+
 fn bytes(m: &CodePage) -> Vec<u8> {
     m.to_vec()
 }
@@ -180,17 +207,7 @@ fn flush_completes_many_in_flight() {
     let p = m.as_ptr() as *mut u8;
     let lines = PAGE_SIZE / CACHE_LINE - 1;
     for l in 1..=lines {
-        // SAFETY: nothing executes this page.
-        let r = unsafe {
-            start_patch(
-                p.add(l * 64 - 2),
-                &[1, 2, 3, 4],
-                &PatchOptions {
-                    expected: None,
-                    wait: Some(Wait::Tmax(3000)),
-                },
-            )
-        };
+        let r = start(p.wrapping_add(l * 64 - 2), &[1, 2, 3, 4], Wait::Tmax(3000));
         assert_eq!(r, Ok(Progress::InFlight));
     }
     assert!(pending() >= lines);
@@ -207,18 +224,7 @@ fn finisher_completes_in_background() {
     let p = m.as_ptr() as *mut u8;
     let f = Finisher::spawn().unwrap();
     for l in 1..8 {
-        // SAFETY: nothing executes this page.
-        unsafe {
-            start_patch(
-                p.add(l * 64 - 1),
-                &[9, 9],
-                &PatchOptions {
-                    expected: None,
-                    wait: Some(Wait::Tmax(3000)),
-                },
-            )
-        }
-        .unwrap();
+        start(p.wrapping_add(l * 64 - 1), &[9, 9], Wait::Tmax(3000)).unwrap();
     }
     let t = std::time::Instant::now();
     while (1..8).any(|l| bytes(&m)[l * 64 - 1] != 9) {
@@ -249,18 +255,7 @@ fn synccore_patch() {
     assert_eq!(&bytes(&m)[62..66], &[1, 2, 3, 4]);
     // Async SyncCore patches share barriers in flush.
     for l in 2..40 {
-        // SAFETY: as above.
-        unsafe {
-            start_patch(
-                p.add(l * 64 - 1),
-                &[5, 6],
-                &PatchOptions {
-                    expected: None,
-                    wait: Some(Wait::SyncCore),
-                },
-            )
-        }
-        .unwrap();
+        start(p.wrapping_add(l * 64 - 1), &[5, 6], Wait::SyncCore).unwrap();
     }
     flush();
     assert!((2..40).all(|l| bytes(&m)[l * 64 - 1..l * 64 + 1] == [5, 6]));
@@ -355,29 +350,10 @@ fn same_site_contention_always_has_a_winner() {
 #[test]
 fn a_thread_running_into_its_own_pending_patch_completes_it() {
     let _g = exclusive();
-    let mut mm = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
-    mm.fill(0xCC);
-    let site_off = 256 - 2; // 2|3 split
-    mm[site_off - 1] = 0x90;
-    mm[site_off..site_off + 6].copy_from_slice(&[0xB8, 1, 0, 0, 0, 0xC3]); // mov eax,1; ret
-    let m = CodePage(mm.make_exec().unwrap());
-    let entry = m.as_ptr().wrapping_add(site_off - 1);
-    // SAFETY: the bytes are `nop; mov eax, imm32; ret`, a C-ABI function.
-    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(entry) };
+    let (_m, f, site) = mov_eax_function(256 - 2); // 2|3 split
     assert_eq!(f(), 1);
-    let site = m.as_ptr().wrapping_add(site_off) as *mut u8;
     let before = traps_handled();
-    // SAFETY: same length, same boundaries.
-    let r = unsafe {
-        start_patch(
-            site,
-            &[0xB8, 2, 0, 0, 0],
-            &PatchOptions {
-                expected: None,
-                wait: Some(Wait::Tmax(30_000_000)),
-            },
-        )
-    };
+    let r = start(site, &[0xB8, 2, 0, 0, 0], Wait::Tmax(30_000_000));
     assert_eq!(r, Ok(Progress::InFlight));
     // This thread now executes the INT3: the handler must drive the patch to
     // completion itself (no one else will) and re-execute the new code.
@@ -393,24 +369,8 @@ fn a_stalled_synccore_patch_is_finished_by_the_thread_that_traps() {
         eprintln!("membarrier SYNC_CORE unavailable here; skipped");
         return;
     }
-    let mut mm = memmap2::MmapOptions::new().len(PAGE_SIZE).map_anon().unwrap();
-    mm.fill(0xCC);
-    let site_off = 3 * 64 - 4; // 4|1 split
-    mm[site_off - 1] = 0x90;
-    mm[site_off..site_off + 6].copy_from_slice(&[0xB8, 1, 0, 0, 0, 0xC3]);
-    let m = CodePage(mm.make_exec().unwrap());
-    // SAFETY: `nop; mov eax, imm32; ret` is a C-ABI function.
-    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(m.as_ptr().wrapping_add(site_off - 1)) };
-    let site = m.as_ptr().wrapping_add(site_off) as *mut u8;
-    let o = PatchOptions {
-        expected: None,
-        wait: Some(Wait::SyncCore),
-    };
-    // SAFETY: same length, same boundaries.
-    assert_eq!(
-        unsafe { start_patch(site, &[0xB8, 3, 0, 0, 0], &o) },
-        Ok(Progress::InFlight)
-    );
+    let (_m, f, site) = mov_eax_function(3 * 64 - 4); // 4|1 split
+    assert_eq!(start(site, &[0xB8, 3, 0, 0, 0], Wait::SyncCore), Ok(Progress::InFlight));
     // Nobody else drives it: the trapped thread must escalate to barriers.
     assert_eq!(f(), 3);
     assert_eq!(finish_patch(site), Progress::Done);
