@@ -227,8 +227,16 @@ fn advance_from(t: Ticket, may_sync: bool, in_trap: bool) -> Step {
     // Pollers and trapped helpers call this in loops: look before locking, so
     // that waiting costs plain loads instead of RMWs that bounce the slot's
     // line between cores. (The locked re-check below decides.)
+    // A step is due for this caller once its wait has elapsed, or, for a
+    // SyncCore patch, when the caller may run the barrier itself.
     let w = slot.wait.load(Ordering::Relaxed);
-    if slot.lock.load(Ordering::Relaxed) || (w != SYNC && tsc::elapsed_since(slot.stamp.load(Ordering::Acquire)) < w) {
+    let stamp = slot.stamp.load(Ordering::Acquire);
+    let due = if w == SYNC {
+        may_sync || wait::synced_since(stamp)
+    } else {
+        tsc::elapsed_since(stamp) >= w
+    };
+    if slot.lock.load(Ordering::Relaxed) || !due {
         return if live(t) { Step::Waiting } else { Step::Done };
     }
     if slot
