@@ -20,16 +20,32 @@ pub enum Form {
     CallRipIndirect,
     /// `E9 rel32`: jmp rel32, a tail call (gcc -O2 emits it for exit hooks).
     JmpRel32,
+    /// `FF 25 disp32`: jmp [rip+disp32], a tail call through the GOT
+    /// (`-fno-plt -O2`).
+    JmpRipIndirect,
 }
 
 #[allow(clippy::len_without_is_empty, reason = "an instruction is never empty")]
 impl Form {
+    /// Every form, in declaration order.
+    pub const ALL: [Form; 4] = [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32, Form::JmpRipIndirect];
+
     /// Instruction length in bytes.
     pub const fn len(self) -> usize {
         match self {
             Form::CallRel32 | Form::JmpRel32 => 5,
-            Form::CallRipIndirect => 6,
+            Form::CallRipIndirect | Form::JmpRipIndirect => 6,
         }
+    }
+
+    /// True for the tail-call (`jmp`) forms, whose inactive form returns.
+    pub const fn is_tail(self) -> bool {
+        matches!(self, Form::JmpRel32 | Form::JmpRipIndirect)
+    }
+
+    /// True for the forms whose operand is a RIP-relative pointer slot.
+    pub const fn is_rip_indirect(self) -> bool {
+        matches!(self, Form::CallRipIndirect | Form::JmpRipIndirect)
     }
 
     fn prefix(self) -> &'static [u8] {
@@ -37,12 +53,13 @@ impl Form {
             Form::CallRel32 => &[0xE8],
             Form::CallRipIndirect => &[0xFF, 0x15],
             Form::JmpRel32 => &[0xE9],
+            Form::JmpRipIndirect => &[0xFF, 0x25],
         }
     }
 
     /// Recognises an active site: its form and operand (rel32 or disp32).
     pub fn decode(bytes: &[u8]) -> Option<(Form, i32)> {
-        for f in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
+        for f in Form::ALL {
             let p = f.prefix();
             if bytes.len() >= f.len() && bytes.starts_with(p) {
                 let op = &bytes[p.len()..f.len()];
@@ -70,11 +87,11 @@ pub enum Mode {
     /// `FF 15`) the bytes after the boundary are redirected to a `ret`
     /// trampoline; at other splits the first two bytes become a short jump
     /// over the rest. A tail `jmp` becomes `ret` in its first byte (a jump
-    /// over it would run into whatever follows), but for the 1|4 split, which
-    /// jumps to the `ret` trampoline as in the paper.
+    /// over it would run into whatever follows), but for the 1|4 split (1|5
+    /// for `FF 25`), which jumps to the `ret` trampoline as in the paper.
     Paper,
     /// Flip only the first byte: `E8`→`B8` (`mov eax, imm32`), `FF 15`→`8B 15`
-    /// (`mov edx, [rip+disp32]`), `E9`→`C3` (`ret`). Same length and
+    /// (`mov edx, [rip+disp32]`), `E9` and `FF 25`→`C3` (`ret`). Same length and
     /// instruction boundaries, one byte that never straddles: no trampoline,
     /// wait or INT3 at any split, and the inactive form costs what a NOP
     /// costs. Valid only where the call's callee follows the standard ABI, so
@@ -123,11 +140,11 @@ pub fn off_bytes(
     match (mode, form) {
         (Mode::Flip, Form::CallRel32) => off[0] = 0xB8,
         (Mode::Flip, Form::CallRipIndirect) => off[0] = 0x8B,
-        (Mode::Flip, Form::JmpRel32) => off[0] = 0xC3,
-        (Mode::Paper, Form::JmpRel32) if s != 1 => off[0] = 0xC3,
+        (Mode::Flip, Form::JmpRel32 | Form::JmpRipIndirect) => off[0] = 0xC3,
+        (Mode::Paper, Form::JmpRel32 | Form::JmpRipIndirect) if s != 1 => off[0] = 0xC3,
         (Mode::Paper, _) if s == 0 => {
             let nop: &[u8] = match form {
-                Form::CallRipIndirect => &[0x66, 0x0F, 0x1F, 0x44, 0x00, 0x00],
+                Form::CallRipIndirect | Form::JmpRipIndirect => &[0x66, 0x0F, 0x1F, 0x44, 0x00, 0x00],
                 _ => &[0x0F, 0x1F, 0x44, 0x00, 0x00],
             };
             off[..nop.len()].copy_from_slice(nop);
@@ -136,7 +153,7 @@ pub fn off_bytes(
             let rel = rel_from(site, 5, tramp?.ret_at)?;
             off[1..5].copy_from_slice(&rel.to_le_bytes());
         }
-        (Mode::Paper, Form::CallRipIndirect) if s == 1 => {
+        (Mode::Paper, Form::CallRipIndirect | Form::JmpRipIndirect) if s == 1 => {
             let disp = rel_from(site, 6, tramp?.ptr_at)?;
             off[2..6].copy_from_slice(&disp.to_le_bytes());
         }
@@ -167,7 +184,7 @@ pub fn in_one_line(addr: usize, len: usize) -> bool {
 mod tests {
     use super::*;
 
-    const FORMS: [Form; 3] = [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32];
+    const FORMS: [Form; 4] = Form::ALL;
 
     #[test]
     fn decode_round_trip() {
@@ -246,6 +263,13 @@ mod tests {
         // Tail jmp: ret.
         let off = off_bytes(Form::JmpRel32, 7, base + 62, Mode::Paper, None).unwrap();
         assert_eq!(off[0], 0xC3);
+        let off = off_bytes(Form::JmpRipIndirect, 7, base + 62, Mode::Paper, None).unwrap();
+        assert_eq!(off[0], 0xC3);
+        // Tail jmp [rip+disp32] at 1|5: through the pointer slot.
+        let site = base + 63;
+        let off = off_bytes(Form::JmpRipIndirect, 7, site, Mode::Paper, Some(tramp)).unwrap();
+        let disp = i32::from_le_bytes([off[2], off[3], off[4], off[5]]);
+        assert_eq!(site as i64 + 6 + disp as i64, tramp.ptr_at as i64);
     }
 
     #[test]

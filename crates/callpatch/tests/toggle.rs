@@ -29,12 +29,12 @@ impl Code {
         let base = m.as_ptr() as usize;
         m[slot..slot + 8].copy_from_slice(&((base + target) as u64).to_le_bytes());
         let operand = match form {
-            Form::CallRipIndirect => (slot as i64 - (site + 6) as i64) as i32,
+            Form::CallRipIndirect | Form::JmpRipIndirect => (slot as i64 - (site + 6) as i64) as i32,
             _ => (target as i64 - (site + 5) as i64) as i32,
         };
         m[site - 2..site].copy_from_slice(&[0x31, 0xC0]);
         m[site..site + form.len()].copy_from_slice(&form.on_bytes(operand)[..form.len()]);
-        if form != Form::JmpRel32 {
+        if !form.is_tail() {
             m[site + form.len()] = 0xC3;
         }
         let map = m.make_exec().unwrap();
@@ -59,7 +59,7 @@ impl Code {
     }
 }
 
-const FORMS: [Form; 3] = [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32];
+const FORMS: [Form; 4] = Form::ALL;
 
 #[test]
 fn every_form_split_and_mode_toggles() {

@@ -111,14 +111,14 @@ impl Fixture {
         put(a as usize, &[0xB8, 1, 0, 0, 0, 0xC3]);
         let operand = match form {
             Form::CallRel32 | Form::JmpRel32 => (a - (site + 5) as i64) as i32,
-            Form::CallRipIndirect => {
+            Form::CallRipIndirect | Form::JmpRipIndirect => {
                 put(base + PTR_SLOT, &(a as u64).to_le_bytes());
                 ((base + PTR_SLOT) as i64 - (site + 6) as i64) as i32
             }
         };
         put(site - 2, &[0x31, 0xC0]);
         put(site, &form.on_bytes(operand)[..len]);
-        if form != Form::JmpRel32 {
+        if !form.is_tail() {
             put(site + len, &[0xC3]);
         }
         std::mem::forget(fx_guard);
@@ -177,7 +177,7 @@ mod tests {
 
     #[test]
     fn every_form_and_split_runs_active() {
-        for form in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
+        for form in Form::ALL {
             for split in 0..form.len() {
                 let f = Fixture::new(form, split).unwrap();
                 assert_eq!(wordpatch::split(f.site as usize, form.len()), split);

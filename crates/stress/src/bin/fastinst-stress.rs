@@ -43,7 +43,8 @@ fn parse_form(s: &str) -> Result<Form, String> {
         "call" => Ok(Form::CallRel32),
         "ind" => Ok(Form::CallRipIndirect),
         "jmp" => Ok(Form::JmpRel32),
-        _ => Err(format!("unknown form `{s}` (call, ind, jmp)")),
+        "jmpind" => Ok(Form::JmpRipIndirect),
+        _ => Err(format!("unknown form `{s}` (call, ind, jmp, jmpind)")),
     }
 }
 
@@ -116,7 +117,7 @@ fn cmd_run(args: &[String]) -> Result<bool, String> {
         let forms = a
             .forms
             .clone()
-            .unwrap_or_else(|| vec![Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32]);
+            .unwrap_or_else(|| Form::ALL.to_vec());
         for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
             let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
             for split in splits.into_iter().filter(|&s| s < form.len()) {
@@ -281,7 +282,7 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
         ("callpatch flip", Strategy::CallFlip),
         ("callpatch paper", Strategy::CallPaper),
     ] {
-        for form in [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32] {
+        for form in Form::ALL {
             for split in 0..form.len() {
                 row(
                     format!("{name}: toggle idle {form:?} split {split}"),
