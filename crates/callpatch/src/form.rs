@@ -28,7 +28,12 @@ pub enum Form {
 #[allow(clippy::len_without_is_empty, reason = "an instruction is never empty")]
 impl Form {
     /// Every form, in declaration order.
-    pub const ALL: [Form; 4] = [Form::CallRel32, Form::CallRipIndirect, Form::JmpRel32, Form::JmpRipIndirect];
+    pub const ALL: [Form; 4] = [
+        Form::CallRel32,
+        Form::CallRipIndirect,
+        Form::JmpRel32,
+        Form::JmpRipIndirect,
+    ];
 
     /// Instruction length in bytes.
     pub const fn len(self) -> usize {

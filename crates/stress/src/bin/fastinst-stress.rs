@@ -114,10 +114,7 @@ fn cmd_run(args: &[String]) -> Result<bool, String> {
         a.executors, a.trials, a.toggles, a.seconds, stress::MIN_CORUN_TOGGLES, stress::MIN_CORUN_RATIO * 100.0
     );
     for &strategy in &a.strategies {
-        let forms = a
-            .forms
-            .clone()
-            .unwrap_or_else(|| Form::ALL.to_vec());
+        let forms = a.forms.clone().unwrap_or_else(|| Form::ALL.to_vec());
         for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
             let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
             for split in splits.into_iter().filter(|&s| s < form.len()) {

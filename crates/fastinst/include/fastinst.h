@@ -1,0 +1,96 @@
+/* fastinst.h: the C API of libfastinst.so (rapid-toggling probes).
+ *
+ * Link with -lfastinst, or load the library with LD_PRELOAD and call these
+ * from a client library named by FASTINST_CLIENT (its
+ * `int fastinst_client_init(void)` runs when the runtime starts).
+ *
+ * Status codes: functions returning int return 0 (or a count) on success
+ * and one of the negative FASTINST_E* codes on failure;
+ * fastinst_strerror() describes them. No function ever aborts the process
+ * on a bad argument.
+ */
+#ifndef FASTINST_H
+#define FASTINST_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FASTINST_OK 0
+#define FASTINST_ENOPROBE (-1)    /* no probe with this id */
+#define FASTINST_EUNLOADED (-2)   /* the probe's library was dlclose'd */
+#define FASTINST_ENOFUNCTION (-3) /* no discovered probe of this function */
+#define FASTINST_EINVAL (-4)      /* NULL handler/callback, bad name */
+#define FASTINST_ECALLBACKS (-5)  /* more than 16 discovery callbacks */
+#define FASTINST_EPATCH (-6)      /* the code could not be patched */
+#define FASTINST_EINTERNAL (-7)   /* internal error (a caught panic) */
+
+#define FASTINST_ENTRY 0
+#define FASTINST_EXIT 1
+
+/* How a site reaches its hook. An unrecognised site is never patched: it
+ * stays on, and deactivating its probe only drops its calls. */
+#define FASTINST_FORM_UNRECOGNISED 0
+#define FASTINST_FORM_CALL 1     /* call rel32 to the hook */
+#define FASTINST_FORM_PLT 2      /* call rel32 to a PLT stub */
+#define FASTINST_FORM_GOT 3      /* call [rip+GOT] (-fno-plt) */
+#define FASTINST_FORM_TAIL 4     /* jmp rel32 to the exit hook */
+#define FASTINST_FORM_TAIL_PLT 5 /* jmp rel32 to its PLT stub */
+#define FASTINST_FORM_TAIL_GOT 6 /* jmp [rip+GOT] */
+
+typedef uint32_t fastinst_probe_id;
+
+typedef struct fastinst_probe_meta {
+    fastinst_probe_id id;
+    uint8_t kind;          /* FASTINST_ENTRY or FASTINST_EXIT */
+    uint8_t form;          /* FASTINST_FORM_* */
+    uint8_t split;         /* bytes before the cache-line boundary, 0 if none */
+    uint8_t site_len;      /* 5 or 6; 0 if unrecognised */
+    uint8_t provider;      /* 0: -finstrument-functions */
+    uint8_t arg_rewritten; /* 1 if this_fn's load now passes the id */
+    uint8_t reserved[2];
+    const void *function;      /* the instrumented function */
+    const char *function_name; /* demangled, never freed, "" if unknown */
+    const void *site;          /* the call/jmp instruction, NULL if unrecognised */
+} fastinst_probe_meta;
+
+/* A probe handler: runs on the thread that executed the probe, with the
+ * probe's id. A handler that calls instrumented code does not recurse:
+ * probes hit on a thread already inside a handler are dropped. */
+typedef void (*fastinst_handler)(fastinst_probe_id id);
+
+/* Called once per probe. Registration replays the probes found so far;
+ * later probes are reported by the thread that first runs them, with the
+ * discovery lock held: the callback may activate/deactivate probes but must
+ * not register callbacks. */
+typedef void (*fastinst_discovery_fn)(const fastinst_probe_meta *meta, void *user);
+
+int fastinst_on_discovery(fastinst_discovery_fn cb, void *user);
+
+/* Activate: the site calls the hook and the hook calls `handler`.
+ * On an active probe this only swaps the handler (a data store). */
+int fastinst_activate(fastinst_probe_id id, fastinst_handler handler);
+/* Deactivate with the current strategy. */
+int fastinst_deactivate(fastinst_probe_id id);
+/* 1 active, 0 inactive, or an error code. */
+int fastinst_is_active(fastinst_probe_id id);
+
+/* All discovered probes of a function; return how many. */
+int fastinst_activate_function(const void *function, fastinst_handler handler);
+int fastinst_deactivate_function(const void *function);
+
+/* "flip" (default), "paper", "word-sync", "word-async". */
+int fastinst_set_strategy(const char *name);
+const char *fastinst_strategy(void);
+
+uint32_t fastinst_probe_count(void);
+int fastinst_probe_info(fastinst_probe_id id, fastinst_probe_meta *out);
+const char *fastinst_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTINST_H */

@@ -1,0 +1,129 @@
+//! The Rust API.
+
+use crate::discovery::{with_state, Callback, MAX_CALLBACKS};
+use crate::error::{Error, Result};
+use crate::probe::{Handler, ProbeId, ProbeMeta};
+use crate::registry::{self, Probe, ON};
+use crate::toggle::set_code;
+use std::sync::atomic::Ordering;
+
+fn probe(id: ProbeId) -> Result<&'static Probe> {
+    registry::get(id).ok_or(Error::NoSuchProbe(id))
+}
+
+/// Registers `f` to be called with every probe's metadata: first, at once,
+/// for every probe already discovered, then for each new probe when it is
+/// discovered (from the thread whose hook call found it, with the
+/// discovery lock held: `f` may activate and deactivate probes, but must not
+/// register callbacks).
+pub fn on_discovery(f: impl Fn(&ProbeMeta) + Send + Sync + 'static) -> Result<()> {
+    register(Callback::Rust(Box::new(f)))
+}
+
+pub(crate) fn register(cb: Callback) -> Result<()> {
+    if crate::hooks::IN_DISCOVERY.with(|d| d.get()) {
+        return Err(Error::InvalidArgument(
+            "callbacks cannot be registered from a discovery callback".into(),
+        ));
+    }
+    with_state(|s| {
+        if s.callbacks.len() >= MAX_CALLBACKS {
+            return Err(Error::TooManyCallbacks(MAX_CALLBACKS));
+        }
+        crate::hooks::IN_DISCOVERY.with(|d| d.set(true));
+        for p in registry::iter() {
+            cb_call(&cb, &p.meta());
+        }
+        crate::hooks::IN_DISCOVERY.with(|d| d.set(false));
+        s.callbacks.push(cb);
+        Ok(())
+    })
+}
+
+fn cb_call(cb: &Callback, m: &ProbeMeta) {
+    cb.call(m)
+}
+
+/// Makes probe `id` call `handler`. If the probe's code is off it is
+/// switched on with the inverse of the strategy that switched it off; if it
+/// is on, this is one atomic store (switching between two handlers never
+/// patches code).
+pub fn activate(id: ProbeId, handler: Handler) -> Result<()> {
+    let p = probe(id)?;
+    let _g = p.lock();
+    if p.unloaded.load(Ordering::Acquire) {
+        return Err(Error::Unloaded(id));
+    }
+    p.handler.store(handler as usize, Ordering::Release);
+    set_code(p, true)
+}
+
+/// Switches probe `id` off with the current [`strategy`](crate::strategy):
+/// its site no longer calls the hook. An unrecognised site (see
+/// [`ProbeMeta::form`]) is never patched; its calls are dropped instead.
+pub fn deactivate(id: ProbeId) -> Result<()> {
+    let p = probe(id)?;
+    let _g = p.lock();
+    set_code(p, false)?;
+    p.handler.store(0, Ordering::Release);
+    Ok(())
+}
+
+/// Whether probe `id`'s site calls the hook (and a handler, if set).
+pub fn is_active(id: ProbeId) -> Result<bool> {
+    Ok(probe(id)?.state.load(Ordering::Relaxed) & ON != 0)
+}
+
+/// The handler of probe `id`, if any.
+pub fn handler(id: ProbeId) -> Result<Option<Handler>> {
+    let h = probe(id)?.handler.load(Ordering::Acquire);
+    // SAFETY: non-zero handler words are stored from `Handler`s only.
+    Ok((h != 0).then(|| unsafe { std::mem::transmute::<usize, Handler>(h) }))
+}
+
+fn of_function(function: usize) -> impl Iterator<Item = &'static Probe> {
+    registry::iter().filter(move |p| p.meta.function == function && !p.unloaded.load(Ordering::Relaxed))
+}
+
+/// Activates every discovered probe of the function at `function`; returns
+/// how many. Probes of a function discovered later are not included.
+pub fn activate_function(function: usize, handler: Handler) -> Result<usize> {
+    let mut n = 0;
+    for p in of_function(function) {
+        activate(p.meta.id, handler)?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(Error::NoSuchFunction(function));
+    }
+    Ok(n)
+}
+
+/// Deactivates every discovered probe of the function at `function`;
+/// returns how many.
+pub fn deactivate_function(function: usize) -> Result<usize> {
+    let mut n = 0;
+    for p in of_function(function) {
+        deactivate(p.meta.id)?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(Error::NoSuchFunction(function));
+    }
+    Ok(n)
+}
+
+/// The metadata of probe `id`.
+pub fn probe_meta(id: ProbeId) -> Result<ProbeMeta> {
+    Ok(probe(id)?.meta())
+}
+
+/// Number of probes discovered so far (ids are `0..probe_count()`).
+pub fn probe_count() -> u32 {
+    registry::count()
+}
+
+/// Metadata of every probe discovered so far.
+pub fn probes() -> impl Iterator<Item = ProbeMeta> {
+    registry::iter().map(|p| p.meta())
+}

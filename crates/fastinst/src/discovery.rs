@@ -1,0 +1,322 @@
+//! The slow path: recognising a site on its first hook call, registering
+//! its probe, rewriting its argument load, and telling the callbacks.
+
+use crate::hooks::{hooks, LOW_LIMIT};
+use crate::modules::{self, LiveMemory, Module, Modules};
+use crate::probe::{ProbeId, ProbeKind, ProbeMeta, Provider};
+use crate::registry::{self, Probe, ON};
+use crate::sitetable::{self, key};
+use crate::stats::{self, bump};
+use callpatch::CallSite;
+use parking_lot::Mutex;
+use providers::finstrument::{call_site_at, tail_sites, HookKind, HookSite};
+use providers::{argload, Memory};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A discovery callback.
+pub(crate) enum Callback {
+    Rust(Box<dyn Fn(&ProbeMeta) + Send + Sync>),
+    C(crate::capi::DiscoveryFn, usize),
+}
+
+impl Callback {
+    pub(crate) fn call(&self, m: &ProbeMeta) {
+        match self {
+            Callback::Rust(f) => {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(m))).is_err() {
+                    crate::log::error(format_args!("a discovery callback panicked on probe {}", m.id));
+                }
+            }
+            Callback::C(f, user) => {
+                let c = crate::capi::c_meta(m);
+                f(&c, *user as *mut libc::c_void)
+            }
+        }
+    }
+}
+
+/// Most discovery callbacks at once.
+pub const MAX_CALLBACKS: usize = 16;
+
+pub(crate) struct State {
+    pub modules: Modules,
+    next_module: u32,
+    names: HashMap<u64, &'static CStr>,
+    pub callbacks: Vec<Callback>,
+    /// Whether to rewrite `this_fn` loads (`FASTINST_REWRITE`).
+    pub rewrite: bool,
+}
+
+pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Whether the arg rewrite is on (read before the state exists).
+pub(crate) static REWRITE: AtomicBool = AtomicBool::new(true);
+
+fn low_limit() -> u64 {
+    std::fs::read_to_string("/proc/sys/vm/mmap_min_addr")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(|v| v.min(65536))
+        .unwrap_or(0)
+}
+
+impl State {
+    fn new() -> State {
+        LOW_LIMIT.store(low_limit(), Ordering::Relaxed);
+        let mut next = 0;
+        let (modules, _) = modules::rescan(&Modules::default(), &mut next);
+        crate::log::debug(format_args!("{} modules loaded", modules.loaded.len()));
+        State {
+            modules,
+            next_module: next,
+            names: HashMap::new(),
+            callbacks: Vec::new(),
+            rewrite: REWRITE.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Rescans modules; returns those that went away.
+    pub fn rescan(&mut self) -> Vec<Arc<Module>> {
+        let (m, gone) = modules::rescan(&self.modules, &mut self.next_module);
+        self.modules = m;
+        gone
+    }
+
+    fn name_of(&mut self, f: u64) -> &'static CStr {
+        if let Some(n) = self.names.get(&f) {
+            return n;
+        }
+        let name = self
+            .modules
+            .find(f)
+            .and_then(|m| m.function(f))
+            .filter(|func| func.start == f)
+            .map(|func| func.name.clone())
+            .unwrap_or_default();
+        let c: &'static CStr = Box::leak(
+            CString::new(name.replace('\0', ""))
+                .unwrap_or_default()
+                .into_boxed_c_str(),
+        );
+        self.names.insert(f, c);
+        c
+    }
+}
+
+/// Runs `f` with the discovery state (created on first use).
+pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = STATE.lock();
+    let s = g.get_or_insert_with(State::new);
+    f(s)
+}
+
+fn lookup(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
+    sitetable::get(key::ret(ret)).or_else(|| sitetable::get(key::function(this_fn, kind as u8)))
+}
+
+/// Discovers the probe a hook call of `kind` with `this_fn` returning to
+/// `ret` belongs to. Holds the discovery lock.
+pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
+    let t0 = wordpatch::tsc::now();
+    let r = with_state(|s| {
+        if let Some(id) = lookup(kind, this_fn, ret) {
+            return Some(id);
+        }
+        if s.modules.find(ret).is_none() || s.modules.find(this_fn).is_none() {
+            s.rescan();
+        }
+        discover_locked(s, kind, this_fn, ret)
+    });
+    stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
+    bump(&stats::DISCOVERIES);
+    r
+}
+
+fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
+    let hooks = hooks();
+    let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
+    match site {
+        Ok(site) => {
+            let id = register(s, Some(site), kind, this_fn)?;
+            sitetable::insert(key::ret(site.end()), id);
+            Some(id)
+        }
+        Err(why) => {
+            if kind == HookKind::Exit {
+                let bounds = s
+                    .modules
+                    .find(this_fn)
+                    .and_then(|m| m.function(this_fn))
+                    .filter(|f| f.start == this_fn && f.size > 0)
+                    .map(|f| (f.start, f.end()));
+                if let Some((start, end)) = bounds {
+                    let tails = tail_sites(&LiveMemory { modules: &s.modules }, &hooks, start, end);
+                    let mut first = None;
+                    for t in &tails {
+                        if sitetable::get(key::site(t.addr)).is_some() {
+                            continue;
+                        }
+                        if let Some(id) = register(s, Some(*t), kind, this_fn) {
+                            first.get_or_insert(id);
+                        }
+                    }
+                    if let Some(id) = first {
+                        if tails.len() > 1 {
+                            bump(&stats::TAIL_AMBIGUOUS);
+                        }
+                        sitetable::insert(key::function(this_fn, kind as u8), id);
+                        return Some(id);
+                    }
+                }
+            }
+            bump(&stats::UNRECOGNISED);
+            crate::log::info(format_args!(
+                "unrecognised {kind:?} hook site (this_fn {this_fn:#x}, return address {ret:#x}): {why:?}; it stays on"
+            ));
+            let id = register(s, None, kind, this_fn)?;
+            sitetable::insert(key::function(this_fn, kind as u8), id);
+            Some(id)
+        }
+    }
+}
+
+fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64) -> Option<ProbeId> {
+    if registry::count() as usize >= registry::MAX_PROBES || registry::count() as usize > sitetable::CAPACITY / 5 {
+        bump(&stats::FULL);
+        crate::log::warn(format_args!(
+            "probe tables full; hook calls at {this_fn:#x} stay on, unmanaged"
+        ));
+        return None;
+    }
+    let name = s.name_of(this_fn);
+    let module = site
+        .and_then(|t| s.modules.find(t.addr))
+        .or_else(|| s.modules.find(this_fn))
+        .map(|m| m.index)
+        .unwrap_or(u32::MAX);
+    let call = site.and_then(|t| {
+        // SAFETY: the site was recognised as a whole call/jmp of this form
+        // to the hook, whose callee follows the ABI; the runtime owns its
+        // toggling from now on.
+        match unsafe { CallSite::new(t.addr as *mut u8, t.form.call_form(), t.operand) } {
+            Ok(c) => Some(c),
+            Err(e) => {
+                crate::log::warn(format_args!("site {:#x} cannot be toggled ({e}); it stays on", t.addr));
+                None
+            }
+        }
+    });
+    let site = if call.is_some() { site } else { None };
+    let kind = match kind {
+        HookKind::Enter => ProbeKind::Entry,
+        HookKind::Exit => ProbeKind::Exit,
+    };
+    let p = registry::push(|id| Probe {
+        meta: ProbeMeta {
+            id,
+            kind,
+            function: this_fn as usize,
+            function_name: name,
+            site: site.map_or(0, |t| t.addr as usize),
+            site_len: site.map_or(0, |t| t.len() as u8),
+            split: site.map_or(0, |t| wordpatch::split(t.addr as usize, t.len()) as u8),
+            form: site.map(|t| t.form),
+            provider: Provider::Finstrument,
+            arg_rewritten: false,
+        },
+        handler: AtomicUsize::new(0),
+        state: AtomicU8::new(ON),
+        lock: AtomicBool::new(false),
+        unloaded: AtomicBool::new(false),
+        rewritten: AtomicBool::new(false),
+        rewrite_at: AtomicU64::new(0),
+        module,
+        site: call,
+        tool: AtomicU64::new(0),
+    })?;
+    let id = p.meta.id;
+    if let Some(t) = site {
+        sitetable::insert(key::site(t.addr), id);
+        sitetable::insert(key::patched(t.addr), t.len() as u32);
+        if s.rewrite {
+            rewrite_arg(s, p, &t, this_fn);
+        }
+    }
+    let meta = p.meta();
+    for cb in &s.callbacks {
+        cb.call(&meta);
+    }
+    Some(id)
+}
+
+/// Rewrites the `this_fn` load feeding `site` to load probe `p`'s tag.
+fn rewrite_arg(s: &State, p: &Probe, site: &HookSite, this_fn: u64) {
+    let mem = LiveMemory { modules: &s.modules };
+    let Some(f) = s.modules.find(site.addr).and_then(|m| m.function(site.addr)) else {
+        return;
+    };
+    let rw = match argload::find(&mem, f.start, site.addr, this_fn) {
+        Ok(rw) => rw,
+        Err(why) => {
+            crate::log::debug(format_args!("no argument rewrite at {:#x}: {why:?}", site.addr));
+            return;
+        }
+    };
+    let Some(tag) = rw.tag_for(p.meta.id, LOW_LIMIT.load(Ordering::Relaxed)) else {
+        return;
+    };
+    // The bytes must still be what was decoded.
+    let mut now = [0u8; 8];
+    if !mem.read(rw.addr, &mut now[..rw.len]) || now[..rw.len] != rw.old[..rw.len] {
+        return;
+    }
+    let new = rw.new_bytes(tag);
+    let opts = wordpatch::PatchOptions {
+        expected: Some(&rw.old[..rw.len]),
+        wait: None,
+    };
+    // SAFETY: `rw` covers one whole instruction (or the imm64 of one, inside
+    // a cache line), which is replaced by an instruction of the same length
+    // and boundaries that loads the tag into the same register; the value it
+    // loaded is only the hook's argument (argload checked that no other
+    // instruction reads it). The probe is published before the tag can be
+    // seen.
+    match unsafe { wordpatch::patch_with(rw.addr as *mut u8, &new[..rw.len], &opts) } {
+        Ok(()) => {
+            sitetable::insert(key::patched(rw.insn), rw.insn_len as u32);
+            p.rewrite_at.store(rw.insn, Ordering::Relaxed);
+            p.rewritten.store(true, Ordering::Release);
+            bump(&stats::REWRITTEN);
+        }
+        Err(e) => crate::log::debug(format_args!("argument rewrite at {:#x} failed: {e}", rw.addr)),
+    }
+}
+
+/// Marks the probes of modules that went away as unloaded and forgets
+/// their keys and pages. Caller holds the discovery lock.
+pub(crate) fn forget_modules(gone: &[Arc<Module>]) {
+    for m in gone {
+        crate::log::info(format_args!("{} unloaded", m.path));
+        for p in registry::iter().filter(|p| p.module == m.index) {
+            let _g = p.lock();
+            p.unloaded.store(true, Ordering::Release);
+            let meta = p.meta;
+            if meta.site != 0 {
+                let end = (meta.site + meta.site_len as usize) as u64;
+                sitetable::remove(key::ret(end));
+                sitetable::remove(key::site(meta.site as u64));
+                sitetable::remove(key::patched(meta.site as u64));
+            }
+            sitetable::remove(key::function(meta.function as u64, meta.kind as u8));
+            let rw = p.rewrite_at.load(Ordering::Relaxed);
+            if rw != 0 {
+                sitetable::remove(key::patched(rw));
+            }
+        }
+        for &(start, end, _) in &m.segments {
+            wordpatch::forget_pages(start as *const u8, (end - start) as usize);
+        }
+    }
+}

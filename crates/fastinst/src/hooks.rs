@@ -1,0 +1,121 @@
+//! The `__cyg_profile_func_enter/exit` entry points and the fast path.
+//!
+//! Each hook is a two-instruction naked stub that hands the return address
+//! to Rust (`mov rdx,[rsp]; jmp`). The fast path: a tagged `this_fn` (the
+//! rewritten argument load) is the probe id; otherwise the return address is
+//! looked up in the lock-free site table; otherwise a function key (tail
+//! jumps, unrecognised sites); only then the slow path, discovery. No locks,
+//! allocation or system calls before discovery. The recursion guard is a
+//! thread-local flag with a const initialiser and no destructor, so it works
+//! in threads that are exiting and in signal handlers.
+
+use crate::probe::ProbeId;
+use crate::registry;
+use crate::sitetable::{self, key};
+use crate::stats;
+use providers::finstrument::{HookKind, Hooks};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Largest value + 1 of the low tag encoding (from `vm.mmap_min_addr`);
+/// 0 disables it.
+pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Set while this thread runs a handler.
+    static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread runs discovery.
+    pub(crate) static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The entry hook gcc and clang call (`-finstrument-functions`).
+///
+/// # Safety
+/// Called by compiler-generated code only.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
+    core::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym enter_fast)
+}
+
+/// The exit hook gcc and clang call (`-finstrument-functions`).
+///
+/// # Safety
+/// Called by compiler-generated code only.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
+    core::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym exit_fast)
+}
+
+/// The hooks' addresses, as the site recogniser compares them.
+pub(crate) fn hooks() -> Hooks {
+    Hooks {
+        enter: __cyg_profile_func_enter as *const () as u64,
+        exit: __cyg_profile_func_exit as *const () as u64,
+    }
+}
+
+extern "C" fn enter_fast(this_fn: u64, _call_site: u64, ret: u64) {
+    hook(HookKind::Enter, this_fn, ret)
+}
+
+extern "C" fn exit_fast(this_fn: u64, _call_site: u64, ret: u64) {
+    hook(HookKind::Exit, this_fn, ret)
+}
+
+#[inline(always)]
+fn hook(kind: HookKind, this_fn: u64, ret: u64) {
+    let id = match providers::tag::decode(this_fn, LOW_LIMIT.load(Ordering::Relaxed)) {
+        Some(id) => id,
+        None => match sitetable::get(key::ret(ret)) {
+            Some(id) => id,
+            None => return slow(kind, this_fn, ret),
+        },
+    };
+    fire(id)
+}
+
+/// Runs probe `id`'s handler, if it has one, under the recursion guard.
+#[inline(always)]
+pub(crate) fn fire(id: ProbeId) {
+    let Some(p) = registry::get(id) else { return };
+    let h = p.handler.load(Ordering::Acquire);
+    if h == 0 {
+        return;
+    }
+    // SAFETY: a non-zero handler word was stored from a `Handler`.
+    let h: crate::probe::Handler = unsafe { std::mem::transmute::<usize, crate::probe::Handler>(h) };
+    IN_HANDLER.with(|g| {
+        if g.get() {
+            stats::bump(&stats::DROPPED_NESTED);
+            return;
+        }
+        g.set(true);
+        h(id);
+        g.set(false);
+    });
+}
+
+#[cold]
+#[inline(never)]
+fn slow(kind: HookKind, this_fn: u64, ret: u64) {
+    if let Some(id) = sitetable::get(key::function(this_fn, kind as u8)) {
+        return fire(id);
+    }
+    if IN_DISCOVERY.with(|d| d.get()) || IN_HANDLER.with(|g| g.get()) {
+        // A hook reached from discovery itself (a callback, a signal
+        // handler that interrupted it) or from a handler: not discovered
+        // now; the next call from outside discovers it.
+        stats::bump(&stats::DROPPED_IN_DISCOVERY);
+        return;
+    }
+    IN_DISCOVERY.with(|d| d.set(true));
+    let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret));
+    IN_DISCOVERY.with(|d| d.set(false));
+    match r {
+        Ok(Some(id)) => fire(id),
+        Ok(None) => {}
+        Err(_) => crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched")),
+    }
+}

@@ -1,0 +1,54 @@
+//! fastinst: rapid-toggling probes for native x86-64 Linux programs.
+//!
+//! The runtime of the paper's libfastinst (PLDI 2016, §4 and §7). Probes are
+//! the hook calls a compiler emits (`-finstrument-functions`); each becomes
+//! a probe with a dense [`ProbeId`] the first time it runs, is reported to
+//! the discovery callbacks ([`on_discovery`]) with its [`ProbeMeta`], and
+//! can then be switched on with a handler ([`activate`]) or off
+//! ([`deactivate`]) from any thread, at any time, while every thread keeps
+//! running: the call instruction is rewritten in place with `callpatch` or
+//! `wordpatch` ([`Strategy`]).
+//!
+//! The model:
+//! - **Hooks** ([`hooks`]): `__cyg_profile_func_enter/exit` are two-instruction
+//!   stubs into a fast path that finds the probe by a tagged id (the
+//!   rewritten `this_fn` argument), or by the return address in a lock-free
+//!   table, and calls its handler. No lock, allocation or system call on
+//!   that path. The first call of an unknown site runs discovery.
+//! - **Discovery**: recognises the site with `providers` (it must be a call
+//!   or tail jump that resolves to the hook; anything else is never patched
+//!   and stays on), registers the probe, rewrites the argument load where
+//!   safe, and calls the callbacks.
+//! - **Registry**: probes never move and are never freed; reads are
+//!   lock-free. A probe in a library that is `dlclose`d is marked unloaded
+//!   and never touched again.
+//! - **Preload** (`libfastinst.so`): configured by `FASTINST_*` variables;
+//!   see the table in the README.
+//!
+//! The same API is exported to C (`include/fastinst.h`).
+
+pub mod api;
+pub mod capi;
+mod discovery;
+pub mod error;
+pub mod hooks;
+pub mod log;
+pub mod modules;
+mod preload;
+pub mod probe;
+pub mod registry;
+pub mod sitetable;
+pub mod stats;
+mod toggle;
+pub mod tools;
+
+pub use api::{
+    activate, activate_function, deactivate, deactivate_function, handler, is_active, on_discovery, probe_count,
+    probe_meta, probes,
+};
+pub use discovery::MAX_CALLBACKS;
+pub use error::{Error, Result};
+pub use probe::{Handler, ProbeId, ProbeKind, ProbeMeta, Provider, Strategy};
+pub use providers::finstrument::SiteForm;
+pub use stats::{stats, Stats};
+pub use toggle::{set_strategy, strategy};

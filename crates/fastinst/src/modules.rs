@@ -1,0 +1,183 @@
+//! The loaded modules (executable and shared libraries): their mapped
+//! segments, for safe reads of live code, and their function symbols.
+//!
+//! Built from `dl_iterate_phdr` on first use and rebuilt when a hook comes
+//! from an address no known module covers (a library `dlopen`ed since) and
+//! after `dlclose`. Reading the ELF files allocates; it happens at start-up
+//! and in discovery, never on the hook fast path.
+
+use providers::elf::{Function, SymbolTable};
+use providers::Memory;
+use std::ffi::CStr;
+use std::sync::Arc;
+
+/// One loaded module.
+#[derive(Debug)]
+pub struct Module {
+    /// Path ("" for the main executable until resolved).
+    pub path: String,
+    /// Load bias.
+    pub bias: u64,
+    /// Readable PT_LOAD ranges `[start, end)` (page-rounded), with whether
+    /// each is executable.
+    pub segments: Vec<(u64, u64, bool)>,
+    /// Function symbols at run-time addresses.
+    pub symbols: SymbolTable,
+    /// Its index in the runtime's module list (stable: modules are never
+    /// removed from the list, only marked unloaded).
+    pub index: u32,
+}
+
+impl Module {
+    /// True if `addr` lies in one of its segments.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.segments.iter().any(|&(s, e, _)| addr >= s && addr < e)
+    }
+
+    /// The function containing `addr`.
+    pub fn function(&self, addr: u64) -> Option<&Function> {
+        self.symbols.containing(addr)
+    }
+}
+
+/// A snapshot of the loaded modules.
+#[derive(Clone, Debug, Default)]
+pub struct Modules {
+    /// Modules loaded now.
+    pub loaded: Vec<Arc<Module>>,
+}
+
+impl Modules {
+    /// The module containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Arc<Module>> {
+        self.loaded.iter().find(|m| m.contains(addr))
+    }
+}
+
+struct Seen {
+    path: String,
+    bias: u64,
+    segments: Vec<(u64, u64, bool)>,
+}
+
+unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: dl_iterate_phdr passes a valid info for the duration of the
+    // call, and `data` is the Vec<Seen> that `scan` passed.
+    let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Seen>)) };
+    let path = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null dlpi_name is a NUL-terminated string.
+        unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
+    };
+    let mut segments = Vec::new();
+    for i in 0..info.dlpi_phnum as usize {
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers.
+        let ph = unsafe { &*info.dlpi_phdr.add(i) };
+        if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_R != 0 {
+            let start = (info.dlpi_addr + ph.p_vaddr) & !0xFFF;
+            let end = (info.dlpi_addr + ph.p_vaddr + ph.p_memsz + 0xFFF) & !0xFFF;
+            segments.push((start, end, ph.p_flags & libc::PF_X != 0));
+        }
+    }
+    out.push(Seen {
+        path,
+        bias: info.dlpi_addr,
+        segments,
+    });
+    0
+}
+
+fn scan() -> Vec<Seen> {
+    let mut out: Vec<Seen> = Vec::new();
+    // SAFETY: `collect` matches the callback type and only touches `out`.
+    unsafe { libc::dl_iterate_phdr(Some(collect), &mut out as *mut Vec<Seen> as *mut libc::c_void) };
+    out
+}
+
+fn symbols_of(path: &str, bias: u64) -> SymbolTable {
+    let file = if path.is_empty() { "/proc/self/exe" } else { path };
+    if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
+        return SymbolTable::default();
+    }
+    match std::fs::read(file) {
+        Ok(bytes) => SymbolTable::from_elf(&bytes, bias).unwrap_or_else(|e| {
+            crate::log::warn(format_args!("no symbols for {file}: {e}"));
+            SymbolTable::default()
+        }),
+        Err(e) => {
+            crate::log::debug(format_args!("no symbols for {file}: {e}"));
+            SymbolTable::default()
+        }
+    }
+}
+
+/// Rescans the loaded modules, keeping the records of those still loaded
+/// (matched by path and bias) and reading symbols of new ones. `next_index`
+/// numbers new modules. Returns the new snapshot and the modules that are
+/// gone.
+pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<Module>>) {
+    let seen = scan();
+    let mut loaded = Vec::with_capacity(seen.len());
+    for s in seen {
+        if s.segments.is_empty() {
+            continue;
+        }
+        if let Some(m) = old.loaded.iter().find(|m| m.path == s.path && m.bias == s.bias) {
+            loaded.push(m.clone());
+            continue;
+        }
+        let symbols = symbols_of(&s.path, s.bias);
+        loaded.push(Arc::new(Module {
+            path: if s.path.is_empty() {
+                std::fs::read_link("/proc/self/exe")
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                s.path
+            },
+            bias: s.bias,
+            segments: s.segments,
+            symbols,
+            index: *next_index,
+        }));
+        *next_index += 1;
+    }
+    let gone = old
+        .loaded
+        .iter()
+        .filter(|m| !loaded.iter().any(|n| Arc::ptr_eq(m, n)))
+        .cloned()
+        .collect();
+    (Modules { loaded }, gone)
+}
+
+/// Live process memory, readable only inside the loaded modules' segments,
+/// with the runtime's patched instructions as the decode overlay.
+pub(crate) struct LiveMemory<'a> {
+    pub modules: &'a Modules,
+}
+
+impl Memory for LiveMemory<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+        let Some(end) = addr.checked_add(buf.len() as u64) else {
+            return false;
+        };
+        let ok = self
+            .modules
+            .loaded
+            .iter()
+            .any(|m| m.segments.iter().any(|&(s, e, _)| addr >= s && end <= e));
+        if ok {
+            // SAFETY: the range lies inside a readable PT_LOAD segment of a
+            // module that is loaded (modules are unloaded only under the
+            // discovery lock, which the caller holds).
+            unsafe { wordpatch::read_code(addr as *const u8, buf) };
+        }
+        ok
+    }
+
+    fn patched_len(&self, addr: u64) -> Option<usize> {
+        crate::sitetable::get(crate::sitetable::key::patched(addr)).map(|v| v as usize)
+    }
+}

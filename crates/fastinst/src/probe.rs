@@ -1,0 +1,117 @@
+//! What a probe is: its id, metadata and the toggle strategies.
+
+use providers::finstrument::SiteForm;
+use std::ffi::CStr;
+
+/// A probe's dense id: probes are numbered 0, 1, 2, ... in discovery order.
+pub type ProbeId = u32;
+
+/// A probe handler: receives the id of the probe that fired.
+pub type Handler = extern "C" fn(ProbeId);
+
+/// Function entry or exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ProbeKind {
+    /// At function entry.
+    Entry = 0,
+    /// At function exit.
+    Exit = 1,
+}
+
+/// Which provider found the site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Provider {
+    /// `-finstrument-functions` hook calls.
+    Finstrument = 0,
+}
+
+/// How a probe's site is switched off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Strategy {
+    /// callpatch, one flipped opcode byte (the default: no trampoline, no
+    /// wait, inactive cost of a NOP; valid at hook calls, whose callee
+    /// follows the ABI).
+    Flip = 0,
+    /// callpatch as in the paper (NOP / `ret` trampoline / short jump).
+    Paper = 1,
+    /// wordpatch, synchronous: the whole call becomes a NOP (or `ret`).
+    WordSync = 2,
+    /// wordpatch, asynchronous: straddlers finish in the background.
+    WordAsync = 3,
+}
+
+impl Strategy {
+    /// Every strategy.
+    pub const ALL: [Strategy; 4] = [Strategy::Flip, Strategy::Paper, Strategy::WordSync, Strategy::WordAsync];
+
+    /// Its name: `flip`, `paper`, `word-sync`, `word-async`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Flip => "flip",
+            Strategy::Paper => "paper",
+            Strategy::WordSync => "word-sync",
+            Strategy::WordAsync => "word-async",
+        }
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Strategy {
+        match v {
+            1 => Strategy::Paper,
+            2 => Strategy::WordSync,
+            3 => Strategy::WordAsync,
+            _ => Strategy::Flip,
+        }
+    }
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Strategy::ALL
+            .into_iter()
+            .find(|x| x.name() == s.trim())
+            .ok_or_else(|| format!("`{s}` is not a strategy (flip, paper, word-sync, word-async)"))
+    }
+}
+
+/// Everything known about a probe, fixed at discovery.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeMeta {
+    /// Its id.
+    pub id: ProbeId,
+    /// Entry or exit.
+    pub kind: ProbeKind,
+    /// Address of the instrumented function (`this_fn`).
+    pub function: usize,
+    /// Demangled name of the function ("" when no symbol names it).
+    pub function_name: &'static CStr,
+    /// Address of the site instruction (0 for an unrecognised site).
+    pub site: usize,
+    /// Length of the site instruction (0 for an unrecognised site).
+    pub site_len: u8,
+    /// Bytes of the site before the cache-line boundary it crosses, 0 if it
+    /// does not straddle.
+    pub split: u8,
+    /// How the site reaches the hook; `None` for an unrecognised site, which
+    /// is never patched: it stays on and deactivation only drops its calls.
+    pub form: Option<SiteForm>,
+    /// The provider.
+    pub provider: Provider,
+    /// Whether the load of `this_fn` was rewritten to pass the id.
+    pub arg_rewritten: bool,
+}
+
+impl ProbeMeta {
+    /// The function name as UTF-8 (lossy).
+    pub fn name(&self) -> std::borrow::Cow<'static, str> {
+        self.function_name.to_string_lossy()
+    }
+
+    /// True if the site can be patched (recognised).
+    pub fn is_patchable(&self) -> bool {
+        self.form.is_some()
+    }
+}

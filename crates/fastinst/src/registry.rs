@@ -1,0 +1,127 @@
+//! The probe registry: dense ids, append-only, never moves.
+//!
+//! Probes live in segments of [`SEGMENT`] slots, allocated on demand and
+//! never freed, indexed by a fixed table of segment pointers. A reader (the
+//! hook fast path, any API call) does two loads and no locking; a probe,
+//! once published, stays at its address for the life of the process.
+
+use crate::probe::{ProbeId, ProbeMeta};
+use callpatch::CallSite;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+const SEGMENT_BITS: u32 = 12;
+/// Probes per segment.
+pub const SEGMENT: usize = 1 << SEGMENT_BITS;
+const SEGMENTS: usize = 4096;
+/// Most probes one process can have.
+pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
+
+/// Code state bits of [`Probe::state`].
+pub(crate) const ON: u8 = 0x80;
+
+/// One probe: immutable metadata plus the atomics the runtime toggles.
+pub struct Probe {
+    pub(crate) meta: ProbeMeta,
+    /// The handler (`Handler` as usize), 0 when none.
+    pub(crate) handler: AtomicUsize,
+    /// [`ON`] when the site's code calls the hook; otherwise the strategy
+    /// that switched it off in the low bits.
+    pub(crate) state: AtomicU8,
+    /// Serialises toggles of this probe.
+    pub(crate) lock: AtomicBool,
+    /// Set once its library has been unloaded: never touched again.
+    pub(crate) unloaded: AtomicBool,
+    /// Set once the `this_fn` load was rewritten to pass the id.
+    pub(crate) rewritten: AtomicBool,
+    /// Address of the rewritten load (0 if none).
+    pub(crate) rewrite_at: AtomicU64,
+    /// Index of the module it lives in.
+    pub(crate) module: u32,
+    /// The callpatch view of the site (None when unrecognised).
+    pub(crate) site: Option<CallSite>,
+    /// A word for the built-in tools (the `count` tool's counter).
+    pub(crate) tool: AtomicU64,
+}
+
+impl Probe {
+    /// Its metadata.
+    pub fn meta(&self) -> ProbeMeta {
+        ProbeMeta {
+            arg_rewritten: self.rewritten.load(Ordering::Acquire),
+            ..self.meta
+        }
+    }
+
+    pub(crate) fn lock(&self) -> ProbeGuard<'_> {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        ProbeGuard(self)
+    }
+}
+
+/// Holds a probe's toggle lock.
+pub(crate) struct ProbeGuard<'a>(&'a Probe);
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock.store(false, Ordering::Release);
+    }
+}
+
+type Segment = [OnceLock<Probe>];
+
+static SEGS: [AtomicPtr<OnceLock<Probe>>; SEGMENTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; SEGMENTS];
+static COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// The probe with id `id`, if it exists. Lock-free.
+#[inline(always)]
+pub fn get(id: ProbeId) -> Option<&'static Probe> {
+    let seg = SEGS.get((id >> SEGMENT_BITS) as usize)?.load(Ordering::Acquire);
+    if seg.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null segment pointer was published (Release) after its
+    // SEGMENT slots were initialised, and segments are never freed.
+    let slot = unsafe { &*seg.add(id as usize & (SEGMENT - 1)) };
+    slot.get()
+}
+
+/// Number of probes published so far (ids `0..count()`).
+pub fn count() -> u32 {
+    COUNT.load(Ordering::Acquire)
+}
+
+/// Appends a probe built by `make` from its new id. Callers serialise
+/// (discovery holds its lock), so ids are dense.
+pub(crate) fn push(make: impl FnOnce(ProbeId) -> Probe) -> Option<&'static Probe> {
+    let id = COUNT.load(Ordering::Relaxed);
+    if id as usize >= MAX_PROBES {
+        return None;
+    }
+    let si = (id >> SEGMENT_BITS) as usize;
+    let mut seg = SEGS[si].load(Ordering::Acquire);
+    if seg.is_null() {
+        let fresh: Box<Segment> = (0..SEGMENT).map(|_| OnceLock::new()).collect();
+        seg = Box::leak(fresh).as_mut_ptr();
+        SEGS[si].store(seg, Ordering::Release);
+    }
+    // SAFETY: as in `get`; the slot index is below SEGMENT.
+    let slot = unsafe { &*seg.add(id as usize & (SEGMENT - 1)) };
+    let p = make(id);
+    if slot.set(p).is_err() {
+        return None;
+    }
+    COUNT.store(id + 1, Ordering::Release);
+    slot.get()
+}
+
+/// Every published probe.
+pub fn iter() -> impl Iterator<Item = &'static Probe> {
+    (0..count()).filter_map(get)
+}

@@ -1,0 +1,136 @@
+//! The slow-path lookup: a lock-free open-addressing table from keys (return
+//! addresses, function keys, patched-instruction addresses) to values.
+//!
+//! Fixed capacity, never resized, so readers need no lock: an insert writes
+//! the value, then publishes the key with Release; a reader that sees the key
+//! (Acquire) sees the value. Inserts are serialised by the caller
+//! (discovery). Removal leaves a tombstone.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const BITS: u32 = 20;
+/// Slots in the table.
+pub const CAPACITY: usize = 1 << BITS;
+const EMPTY: u64 = 0;
+const TOMBSTONE: u64 = 1;
+
+/// Key spaces: code addresses are below 2^47, so the top bits are free.
+pub(crate) mod key {
+    /// A call site's return address (what the hook sees).
+    pub fn ret(addr: u64) -> u64 {
+        addr
+    }
+    /// The probe of function `f`'s `kind` hook where no return address
+    /// locates it (a tail jump, an unrecognised site).
+    pub fn function(f: u64, kind: u8) -> u64 {
+        (1 << 62) | ((kind as u64) << 56) | f
+    }
+    /// A site or rewritten instruction the runtime patches, by address;
+    /// the value is its length (the decode overlay) or its probe id.
+    pub fn patched(addr: u64) -> u64 {
+        (2 << 62) | addr
+    }
+    /// A site's probe, by the site's address (dedupe).
+    pub fn site(addr: u64) -> u64 {
+        (3 << 62) | addr
+    }
+}
+
+struct Table {
+    keys: [AtomicU64; CAPACITY],
+    vals: [AtomicU32; CAPACITY],
+}
+
+static TABLE: Table = Table {
+    keys: [const { AtomicU64::new(EMPTY) }; CAPACITY],
+    vals: [const { AtomicU32::new(0) }; CAPACITY],
+};
+
+#[inline(always)]
+fn slot(k: u64) -> usize {
+    // Fibonacci hashing: return addresses differ in low bits.
+    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - BITS)) as usize
+}
+
+/// The value under `k`. Lock-free.
+#[inline(always)]
+pub fn get(k: u64) -> Option<u32> {
+    let mut i = slot(k);
+    loop {
+        let cur = TABLE.keys[i].load(Ordering::Acquire);
+        if cur == k {
+            return Some(TABLE.vals[i].load(Ordering::Relaxed));
+        }
+        if cur == EMPTY {
+            return None;
+        }
+        i = (i + 1) & (CAPACITY - 1);
+    }
+}
+
+/// Inserts or replaces `k -> v`; `false` if the table is full (the runtime
+/// keeps it under 3/4 full and refuses new probes past that).
+pub(crate) fn insert(k: u64, v: u32) -> bool {
+    debug_assert!(k > TOMBSTONE);
+    let mut i = slot(k);
+    let mut free = None;
+    for _ in 0..CAPACITY {
+        let cur = TABLE.keys[i].load(Ordering::Relaxed);
+        if cur == k {
+            TABLE.vals[i].store(v, Ordering::Relaxed);
+            return true;
+        }
+        if cur == TOMBSTONE && free.is_none() {
+            free = Some(i);
+        }
+        if cur == EMPTY {
+            let at = free.unwrap_or(i);
+            TABLE.vals[at].store(v, Ordering::Relaxed);
+            TABLE.keys[at].store(k, Ordering::Release);
+            return true;
+        }
+        i = (i + 1) & (CAPACITY - 1);
+    }
+    false
+}
+
+/// Removes `k` (a tombstone keeps later probes reachable).
+pub(crate) fn remove(k: u64) {
+    let mut i = slot(k);
+    loop {
+        let cur = TABLE.keys[i].load(Ordering::Relaxed);
+        if cur == k {
+            TABLE.keys[i].store(TOMBSTONE, Ordering::Release);
+            return;
+        }
+        if cur == EMPTY {
+            return;
+        }
+        i = (i + 1) & (CAPACITY - 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_get_remove() {
+        let base = 0x7777_0000_0000u64;
+        for i in 0..1000 {
+            assert!(insert(key::ret(base + i * 5), i as u32));
+        }
+        for i in 0..1000 {
+            assert_eq!(get(key::ret(base + i * 5)), Some(i as u32));
+        }
+        assert_eq!(get(key::function(base, 1)), None);
+        remove(key::ret(base + 5));
+        assert_eq!(get(key::ret(base + 5)), None);
+        assert_eq!(get(key::ret(base + 10)), Some(2));
+        assert!(insert(key::ret(base + 5), 77));
+        assert_eq!(get(key::ret(base + 5)), Some(77));
+        for i in 0..1000 {
+            remove(key::ret(base + i * 5));
+        }
+    }
+}
