@@ -85,6 +85,23 @@ int fastinst_deactivate_function(const void *function);
 int fastinst_set_strategy(const char *name);
 const char *fastinst_strategy(void);
 
+/* Hook calls that reached a probe while it was inactive (the discovering
+ * call if a callback deactivated it, calls in flight at the switch, every
+ * call of an unrecognised site), or an error code. */
+int64_t fastinst_inactive_hits(fastinst_probe_id id);
+
+typedef struct fastinst_stats {
+    uint64_t probes;               /* discovered */
+    uint64_t unrecognised;         /* sites never patched (always on) */
+    uint64_t arg_rewritten;        /* this_fn loads that pass the id */
+    uint64_t tail_ambiguous;       /* tail exits reported as the first of several */
+    uint64_t dropped_nested;       /* calls dropped by the recursion guard */
+    uint64_t dropped_in_discovery; /* calls dropped while discovering */
+    uint64_t discoveries;          /* discovery runs */
+    uint64_t discovery_ticks;      /* TSC ticks spent in them */
+} fastinst_stats;
+int fastinst_get_stats(fastinst_stats *out);
+
 uint32_t fastinst_probe_count(void);
 int fastinst_probe_info(fastinst_probe_id id, fastinst_probe_meta *out);
 const char *fastinst_strerror(int code);

@@ -61,6 +61,9 @@ pub fn activate(id: ProbeId, handler: Handler) -> Result<()> {
 /// Switches probe `id` off with the current [`strategy`](crate::strategy):
 /// its site no longer calls the hook. An unrecognised site (see
 /// [`ProbeMeta::form`]) is never patched; its calls are dropped instead.
+///
+/// After it returns the handler is not called for this probe again (a
+/// thread that had already loaded the handler may still be running it).
 pub fn deactivate(id: ProbeId) -> Result<()> {
     let p = probe(id)?;
     let _g = p.lock();
@@ -126,4 +129,12 @@ pub fn probe_count() -> u32 {
 /// Metadata of every probe discovered so far.
 pub fn probes() -> impl Iterator<Item = ProbeMeta> {
     registry::iter().map(|p| p.meta())
+}
+
+/// Hook calls that reached probe `id` while it was inactive: the call that
+/// discovered it (if a discovery callback deactivated it), calls already
+/// past the site when it was switched off, and every call of an
+/// unrecognised site. For a patched site that stays off, this stops growing.
+pub fn inactive_hits(id: ProbeId) -> Result<u64> {
+    Ok(probe(id)?.inactive_hits.load(Ordering::Relaxed))
 }

@@ -235,6 +235,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         module,
         site: call,
         tool: AtomicU64::new(0),
+        inactive_hits: AtomicU64::new(0),
     })?;
     let id = p.meta.id;
     if let Some(t) = site {

@@ -82,6 +82,9 @@ pub(crate) fn fire(id: ProbeId) {
     let Some(p) = registry::get(id) else { return };
     let h = p.handler.load(Ordering::Acquire);
     if h == 0 {
+        if p.state.load(Ordering::Relaxed) & registry::ON == 0 {
+            p.inactive_hits.fetch_add(1, Ordering::Relaxed);
+        }
         return;
     }
     // SAFETY: a non-zero handler word was stored from a `Handler`.

@@ -43,7 +43,7 @@ mod toggle;
 pub mod tools;
 
 pub use api::{
-    activate, activate_function, deactivate, deactivate_function, handler, is_active, on_discovery, probe_count,
+    activate, activate_function, deactivate, deactivate_function, handler, inactive_hits, is_active, on_discovery, probe_count,
     probe_meta, probes,
 };
 pub use discovery::MAX_CALLBACKS;

@@ -161,6 +161,17 @@ fn load_client(path: &str) {
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        let s = crate::stats();
+        if s.probes > 0 {
+            log::info(format_args!(
+                "{} probes ({} unrecognised, {} with the id passed in the argument); discovery {} ticks per run over {} runs",
+                s.probes,
+                s.unrecognised,
+                s.arg_rewritten,
+                s.discovery_ticks / s.discoveries.max(1),
+                s.discoveries
+            ));
+        }
         if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
             let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
             match tools::write_counts(&dir) {

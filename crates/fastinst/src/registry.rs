@@ -20,6 +20,7 @@ pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
 /// Code state bits of [`Probe::state`].
 pub(crate) const ON: u8 = 0x80;
 
+
 /// One probe: immutable metadata plus the atomics the runtime toggles.
 pub struct Probe {
     pub(crate) meta: ProbeMeta,
@@ -42,6 +43,10 @@ pub struct Probe {
     pub(crate) site: Option<CallSite>,
     /// A word for the built-in tools (the `count` tool's counter).
     pub(crate) tool: AtomicU64,
+    /// Hook calls that reached this probe while it was inactive (the call
+    /// that discovered it, calls in flight while it was switched off, and
+    /// every call of an unrecognised site, which is never patched).
+    pub(crate) inactive_hits: AtomicU64,
 }
 
 impl Probe {

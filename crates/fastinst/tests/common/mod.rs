@@ -1,0 +1,104 @@
+//! Helpers for the end-to-end tests: build C programs with the system
+//! compilers, run them with and without the preload library.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The cdylib cargo built beside this test binary.
+pub fn lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    for cand in [deps.join("../libfastinst.so"), deps.join("libfastinst.so")] {
+        if cand.exists() {
+            return cand.canonicalize().unwrap();
+        }
+    }
+    panic!("libfastinst.so not found next to {}", exe.display());
+}
+
+/// The directory holding `fastinst.h`.
+pub fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+/// A C source of the tests.
+pub fn src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(name)
+}
+
+/// A fresh scratch directory.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastinst-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Panics with a useful message if `cc` is missing.
+pub fn require(cc: &str) {
+    let ok = Command::new(cc).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok, "`{cc}` is needed by the end-to-end tests (see the README: apt-get install clang)");
+}
+
+/// Compiles `srcs` with `cc` and `flags` into `out`.
+pub fn build(cc: &str, srcs: &[&Path], flags: &[&str], out: &Path) {
+    require(cc);
+    let o = Command::new(cc).args(srcs).args(flags).arg("-o").arg(out).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{cc} {flags:?} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Runs `bin` with `args` in `dir`, with the preload library if `preload`,
+/// and the given environment.
+pub fn run(bin: &Path, args: &[&str], dir: &Path, preload: bool, env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin);
+    c.args(args).current_dir(dir);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FASTINST_")) {
+        c.env_remove(k);
+    }
+    if preload {
+        c.env("LD_PRELOAD", lib());
+    }
+    c.envs(env.iter().copied());
+    c.output().unwrap()
+}
+
+/// Stdout of a successful run.
+pub fn ok_stdout(o: &Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what}: {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The count files (`fastinst-count.*.txt`) in `dir`.
+pub fn count_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("fastinst-count."))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Calls of `function` in a count file.
+pub fn calls_of(file: &Path, function: &str) -> Option<u64> {
+    std::fs::read_to_string(file).unwrap().lines().find_map(|l| {
+        let mut it = l.split('\t');
+        let n = it.next()?.parse().ok()?;
+        (it.next()? == function).then_some(n)
+    })
+}
+
+/// The strategies.
+pub const STRATEGIES: [&str; 4] = ["flip", "paper", "word-sync", "word-async"];
