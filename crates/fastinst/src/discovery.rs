@@ -105,6 +105,18 @@ impl State {
     }
 }
 
+/// Creates the discovery state now (reads every loaded module's symbols),
+/// so that the first hook call does not pay for it. Returns the ticks spent.
+pub(crate) fn init() -> u64 {
+    let t0 = wordpatch::tsc::now();
+    with_state(|_| ());
+    INIT_TICKS.store(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
+    INIT_TICKS.load(Ordering::Relaxed)
+}
+
+/// Ticks the start-up [`init`] took.
+pub(crate) static INIT_TICKS: AtomicU64 = AtomicU64::new(0);
+
 /// Runs `f` with the discovery state (created on first use).
 pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut g = STATE.lock();
@@ -119,19 +131,21 @@ fn lookup(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
 /// Discovers the probe a hook call of `kind` with `this_fn` returning to
 /// `ret` belongs to. Holds the discovery lock.
 pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
-    let t0 = wordpatch::tsc::now();
-    let r = with_state(|s| {
+    with_state(|s| {
         if let Some(id) = lookup(kind, this_fn, ret) {
             return Some(id);
         }
         if s.modules.find(ret).is_none() || s.modules.find(this_fn).is_none() {
+            // A library loaded since: reading its symbols is module
+            // loading, not discovery, and is not counted as such.
             s.rescan();
         }
-        discover_locked(s, kind, this_fn, ret)
-    });
-    stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
-    bump(&stats::DISCOVERIES);
-    r
+        let t0 = wordpatch::tsc::now();
+        let r = discover_locked(s, kind, this_fn, ret);
+        stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
+        bump(&stats::DISCOVERIES);
+        r
+    })
 }
 
 fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {

@@ -110,6 +110,8 @@ fn start() {
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     // SAFETY: at_exit is a plain extern "C" fn.
     unsafe { libc::atexit(at_exit) };
+    let ticks = crate::discovery::init();
+    log::info(format_args!("modules and symbols read in {ticks} ticks"));
     if let Err(e) = tools::install(tool) {
         log::error(format_args!("FASTINST_TOOL: {e}"));
     }
@@ -164,7 +166,7 @@ extern "C" fn at_exit() {
         let s = crate::stats();
         if s.probes > 0 {
             log::info(format_args!(
-                "{} probes ({} unrecognised, {} with the id passed in the argument); discovery {} ticks per run over {} runs",
+                "{} probes ({} unrecognised, {} with the id passed in the argument); discovery {} ticks per probe over {} runs",
                 s.probes,
                 s.unrecognised,
                 s.arg_rewritten,

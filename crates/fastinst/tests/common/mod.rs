@@ -10,7 +10,9 @@ use std::process::{Command, Output};
 pub fn lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    for cand in [deps.join("../libfastinst.so"), deps.join("libfastinst.so")] {
+    // `cargo test` refreshes deps/libfastinst.so; the uplifted copy one
+    // level up is only refreshed by `cargo build`.
+    for cand in [deps.join("libfastinst.so"), deps.join("../libfastinst.so")] {
         if cand.exists() {
             return cand.canonicalize().unwrap();
         }
