@@ -11,7 +11,11 @@ use std::process::Command;
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap().to_path_buf();
-    assert!(deps.join("libfastinst.so").exists(), "libfastinst.so not built in {}", deps.display());
+    assert!(
+        deps.join("libfastinst.so").exists(),
+        "libfastinst.so not built in {}",
+        deps.display()
+    );
     deps
 }
 

@@ -21,9 +21,50 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// 0 disables it.
 pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
 
+// The recursion guard: one byte of static (initial-exec) TLS, read and
+// written with `fs:`-relative moves. Rust's `thread_local!` in a shared
+// object uses the general-dynamic model, a `__tls_get_addr` call per access
+// (about 10 ticks of the ~20 an invocation cost); initial-exec is what
+// `LD_PRELOAD` and libraries linked at start-up get from the static TLS
+// block. No destructor, so it works while a thread exits; a plain byte, so
+// it works in signal handlers.
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".type fastinst_in_handler,@object",
+    ".size fastinst_in_handler,8",
+    "fastinst_in_handler:",
+    ".zero 8",
+    ".popsection",
+);
+
+#[inline(always)]
+fn guard_get() -> bool {
+    let v: u8;
+    // SAFETY: reads this thread's copy of the TLS byte defined above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
+            "mov {v}, byte ptr fs:[{t}]",
+            t = out(reg) _, v = out(reg_byte) v, options(nostack, readonly, preserves_flags)
+        )
+    };
+    v != 0
+}
+
+#[inline(always)]
+fn guard_set(on: bool) {
+    // SAFETY: writes this thread's copy of the TLS byte defined above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
+            "mov byte ptr fs:[{t}], {v}",
+            t = out(reg) _, v = in(reg_byte) on as u8, options(nostack, preserves_flags)
+        )
+    };
+}
+
 thread_local! {
-    /// Set while this thread runs a handler.
-    static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
     /// Set while this thread runs discovery.
     pub(crate) static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
 }
@@ -89,15 +130,13 @@ pub(crate) fn fire(id: ProbeId) {
     }
     // SAFETY: a non-zero handler word was stored from a `Handler`.
     let h: crate::probe::Handler = unsafe { std::mem::transmute::<usize, crate::probe::Handler>(h) };
-    IN_HANDLER.with(|g| {
-        if g.get() {
-            stats::bump(&stats::DROPPED_NESTED);
-            return;
-        }
-        g.set(true);
-        h(id);
-        g.set(false);
-    });
+    if guard_get() {
+        stats::bump(&stats::DROPPED_NESTED);
+        return;
+    }
+    guard_set(true);
+    h(id);
+    guard_set(false);
 }
 
 #[cold]
@@ -106,7 +145,7 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64) {
     if let Some(id) = sitetable::get(key::function(this_fn, kind as u8)) {
         return fire(id);
     }
-    if IN_DISCOVERY.with(|d| d.get()) || IN_HANDLER.with(|g| g.get()) {
+    if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
         // handler that interrupted it) or from a handler: not discovered
         // now; the next call from outside discovers it.

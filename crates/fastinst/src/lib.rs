@@ -43,8 +43,8 @@ mod toggle;
 pub mod tools;
 
 pub use api::{
-    activate, activate_function, deactivate, deactivate_function, handler, inactive_hits, is_active, on_discovery, probe_count,
-    probe_meta, probes,
+    activate, activate_function, deactivate, deactivate_function, handler, inactive_hits, is_active, on_discovery,
+    probe_count, probe_meta, probes,
 };
 pub use discovery::MAX_CALLBACKS;
 pub use error::{Error, Result};

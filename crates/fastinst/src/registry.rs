@@ -20,7 +20,6 @@ pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
 /// Code state bits of [`Probe::state`].
 pub(crate) const ON: u8 = 0x80;
 
-
 /// One probe: immutable metadata plus the atomics the runtime toggles.
 pub struct Probe {
     pub(crate) meta: ProbeMeta,

@@ -13,7 +13,12 @@ fn discovers_20000_probes() {
     let dir = scratch("discovery");
     let mut c = String::from("#include <stdio.h>\n");
     for i in 0..FUNCTIONS {
-        writeln!(c, "__attribute__((noinline)) int f{i}(int x) {{ return x * {} + {i}; }}", i % 7 + 1).unwrap();
+        writeln!(
+            c,
+            "__attribute__((noinline)) int f{i}(int x) {{ return x * {} + {i}; }}",
+            i % 7 + 1
+        )
+        .unwrap();
     }
     c.push_str("typedef int (*fn)(int);\nstatic fn table[] = {\n");
     for i in 0..FUNCTIONS {
@@ -33,15 +38,33 @@ fn discovers_20000_probes() {
             &[],
             &dir,
             true,
-            &[("FASTINST_TOOL", "off"), ("FASTINST_LOG", "info"), ("FASTINST_STRATEGY", strategy)],
+            &[
+                ("FASTINST_TOOL", "off"),
+                ("FASTINST_LOG", "info"),
+                ("FASTINST_STRATEGY", strategy),
+            ],
         );
         assert_eq!(ok_stdout(&o, "generated"), want);
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        let line = err.lines().find(|l| l.contains(" probes (")).unwrap_or_else(|| panic!("{err}"));
-        let n: usize = line.split("info: ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        let line = err
+            .lines()
+            .find(|l| l.contains(" probes ("))
+            .unwrap_or_else(|| panic!("{err}"));
+        let n: usize = line
+            .split("info: ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(n >= 2 * FUNCTIONS, "{line}");
         assert!(line.contains("(0 unrecognised"), "{line}");
-        let init = err.lines().find(|l| l.contains("modules and symbols read")).unwrap_or("");
+        let init = err
+            .lines()
+            .find(|l| l.contains("modules and symbols read"))
+            .unwrap_or("");
         println!("{strategy}: {line}\n  {init}");
     }
 }

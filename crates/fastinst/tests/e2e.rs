@@ -60,7 +60,10 @@ fn basic_program_every_compiler_level_layout_strategy_and_tool() {
                 ok_stdout(&o, &what);
                 let files = count_files(&dir);
                 assert_eq!(files.len(), 1, "{what}: one count file");
-                assert!(files[0].to_string_lossy().contains(&format!(".{}.", o_pid(&o))), "{what}: pid in the name");
+                assert!(
+                    files[0].to_string_lossy().contains(&format!(".{}.", o_pid(&o))),
+                    "{what}: pid in the name"
+                );
                 assert_eq!(calls_of(&files[0], "bump"), Some(200), "{what}");
                 assert_eq!(calls_of(&files[0], "main"), Some(1), "{what}");
                 assert_eq!(calls_of(&files[0], "fill"), Some(200), "{what}");
@@ -73,7 +76,11 @@ fn basic_program_every_compiler_level_layout_strategy_and_tool() {
 /// The pid in the runtime's stderr summary line.
 fn o_pid(o: &std::process::Output) -> String {
     let e = String::from_utf8_lossy(&o.stderr);
-    e.split("fastinst-count.").nth(1).and_then(|s| s.split('.').next()).unwrap_or("?").to_string()
+    e.split("fastinst-count.")
+        .nth(1)
+        .and_then(|s| s.split('.').next())
+        .unwrap_or("?")
+        .to_string()
 }
 
 #[test]
@@ -100,18 +107,27 @@ fn threads_fork_exceptions_and_shared_libraries() {
                     for old in count_files(&dir) {
                         std::fs::remove_file(old).unwrap();
                     }
-                    ok_stdout(&run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count")]), "forks count");
+                    ok_stdout(
+                        &run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count")]),
+                        "forks count",
+                    );
                     let files = count_files(&dir);
                     assert_eq!(files.len(), 2, "parent and child each write their counts: {files:?}");
                     let layers: Vec<u64> = files.iter().map(|f| calls_of(f, "layer").unwrap()).collect();
-                    assert!(layers.contains(&1) && layers.contains(&2), "child counts only its own calls: {layers:?}");
+                    assert!(
+                        layers.contains(&1) && layers.contains(&2),
+                        "child counts only its own calls: {layers:?}"
+                    );
                     for f in files {
                         std::fs::remove_file(f).unwrap();
                     }
                 }
                 if name == "exceptions.cpp" {
                     assert!(out.contains("caught: bottom at depth 15"), "{out}");
-                    ok_stdout(&run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count")]), "exceptions count");
+                    ok_stdout(
+                        &run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count")]),
+                        "exceptions count",
+                    );
                     let f = count_files(&dir).pop().unwrap();
                     assert_eq!(calls_of(&f, "shapes::guarded(int)"), Some(5), "demangled C++ names");
                     std::fs::remove_file(f).unwrap();
@@ -125,7 +141,12 @@ fn threads_fork_exceptions_and_shared_libraries() {
             let copy = libdir.join("libdemo-copy.so");
             let plain_so = libdir.join("plain/libdemo.so");
             std::fs::create_dir_all(plain_so.parent().unwrap()).unwrap();
-            build(cc, &[&src("lib.c")], &[opt, "-fPIC", "-shared", "-finstrument-functions"], &so);
+            build(
+                cc,
+                &[&src("lib.c")],
+                &[opt, "-fPIC", "-shared", "-finstrument-functions"],
+                &so,
+            );
             build(cc, &[&src("lib.c")], &[opt, "-fPIC", "-shared"], &plain_so);
             std::fs::copy(&so, &copy).unwrap();
             let link = |l: &Path| {
@@ -136,10 +157,20 @@ fn threads_fork_exceptions_and_shared_libraries() {
             let inst = libdir.join("inst-uselib");
             let mut f: Vec<String> = vec![opt.into()];
             f.extend(link(&plain_so));
-            build(cc, &[&src("uselib.c")], &f.iter().map(|s| s.as_str()).collect::<Vec<_>>(), &plain);
+            build(
+                cc,
+                &[&src("uselib.c")],
+                &f.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                &plain,
+            );
             let mut f: Vec<String> = vec![opt.into(), "-finstrument-functions".into()];
             f.extend(link(&so));
-            build(cc, &[&src("uselib.c")], &f.iter().map(|s| s.as_str()).collect::<Vec<_>>(), &inst);
+            build(
+                cc,
+                &[&src("uselib.c")],
+                &f.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                &inst,
+            );
             let copy_s = copy.to_string_lossy().into_owned();
             let out = check_program(&libdir, &plain, &inst, &[&copy_s], &format!("uselib {tag}"));
             assert!(out.contains("dlopen round 2"), "{out}");
@@ -227,11 +258,23 @@ fn invalid_settings_warn_and_fall_back() {
     );
     assert_eq!(ok_stdout(&o, "invalid"), want);
     let err = String::from_utf8_lossy(&o.stderr);
-    for needle in ["FASTINST_TOOL", "FASTINST_STRATEGY", "FASTINST_LOG", "FASTINST_CLIENT", "FASTINST_REWRITE"] {
+    for needle in [
+        "FASTINST_TOOL",
+        "FASTINST_STRATEGY",
+        "FASTINST_LOG",
+        "FASTINST_CLIENT",
+        "FASTINST_REWRITE",
+    ] {
         assert!(err.contains(needle), "no message about {needle}: {err}");
     }
     // An unwritable output directory falls back to the current one.
-    let o = run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count"), ("FASTINST_OUT", "/proc/nope")]);
+    let o = run(
+        &inst,
+        &[],
+        &dir,
+        true,
+        &[("FASTINST_TOOL", "count"), ("FASTINST_OUT", "/proc/nope")],
+    );
     assert_eq!(ok_stdout(&o, "bad out"), want);
     assert_eq!(count_files(&dir).len(), 1);
 }

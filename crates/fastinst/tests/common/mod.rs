@@ -40,14 +40,27 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Panics with a useful message if `cc` is missing.
 pub fn require(cc: &str) {
-    let ok = Command::new(cc).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "`{cc}` is needed by the end-to-end tests (see the README: apt-get install clang)");
+    let ok = Command::new(cc)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "`{cc}` is needed by the end-to-end tests (see the README: apt-get install clang)"
+    );
 }
 
 /// Compiles `srcs` with `cc` and `flags` into `out`.
 pub fn build(cc: &str, srcs: &[&Path], flags: &[&str], out: &Path) {
     require(cc);
-    let o = Command::new(cc).args(srcs).args(flags).arg("-o").arg(out).output().unwrap();
+    let o = Command::new(cc)
+        .args(srcs)
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
     assert!(
         o.status.success(),
         "{cc} {flags:?} failed:\n{}",
