@@ -67,13 +67,13 @@ fn assert_clean(run: &Run, configs: usize) {
 #[test]
 fn callpatch_paper_every_form_and_split() {
     let run = stress(&["--strategies", "call-paper", "--trials", "3", "--seconds", "0.5"]);
-    assert_clean(&run, 5 + 6 + 5);
+    assert_clean(&run, 5 + 6 + 5 + 6);
 }
 
 #[test]
 fn callpatch_flip_every_form_and_split() {
     let run = stress(&["--strategies", "call-flip", "--trials", "3", "--seconds", "0.5"]);
-    assert_clean(&run, 5 + 6 + 5);
+    assert_clean(&run, 5 + 6 + 5 + 6);
 }
 
 /// SyncCore stress of every split, skipped (with a message) where the kernel
