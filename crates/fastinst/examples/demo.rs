@@ -35,7 +35,10 @@ fn main() {
     let t = Instant::now();
     let plain = Command::new(&bin).current_dir(&out).output().unwrap();
     let plain_t = t.elapsed();
-    print!("\nplain run (every probe on, no runtime): {}", String::from_utf8_lossy(&plain.stdout));
+    print!(
+        "\nplain run (every probe on, no runtime): {}",
+        String::from_utf8_lossy(&plain.stdout)
+    );
     println!("  {:.1} ms", plain_t.as_secs_f64() * 1e3);
     let t = Instant::now();
     let o = Command::new(&bin)
@@ -52,7 +55,10 @@ fn main() {
         lib.display(),
         String::from_utf8_lossy(&o.stdout)
     );
-    println!("  {:.1} ms (entry probes counting, exit probes switched off)", inst_t.as_secs_f64() * 1e3);
+    println!(
+        "  {:.1} ms (entry probes counting, exit probes switched off)",
+        inst_t.as_secs_f64() * 1e3
+    );
     for l in String::from_utf8_lossy(&o.stderr).lines() {
         println!("  {l}");
     }

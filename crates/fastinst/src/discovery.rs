@@ -292,13 +292,14 @@ fn rewrite_arg(s: &State, p: &Probe, site: &HookSite, this_fn: u64) {
         expected: Some(&rw.old[..rw.len]),
         wait: None,
     };
-    // SAFETY: `rw` covers one whole instruction (or the imm64 of one, inside
-    // a cache line), which is replaced by an instruction of the same length
-    // and boundaries that loads the tag into the same register; the value it
-    // loaded is only the hook's argument (argload checked that no other
-    // instruction reads it). The probe is published before the tag can be
-    // seen.
-    match unsafe { wordpatch::patch_with(rw.addr as *mut u8, &new[..rw.len], &opts) } {
+    // Why this is sound: `rw` covers one whole instruction (or the imm64 of
+    // one, inside a cache line), replaced by one of the same length and
+    // boundaries that loads the tag into the same register; argload checked
+    // that nothing but the hook reads the value. The probe is published
+    // before the tag can be seen.
+    // SAFETY: see above; the bytes were just re-read and are `rw.old`.
+    let r = unsafe { wordpatch::patch_with(rw.addr as *mut u8, &new[..rw.len], &opts) };
+    match r {
         Ok(()) => {
             sitetable::insert(key::patched(rw.insn), rw.insn_len as u32);
             p.rewrite_at.store(rw.insn, Ordering::Relaxed);
