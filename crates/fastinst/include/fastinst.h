@@ -99,6 +99,7 @@ typedef struct fastinst_stats {
     uint64_t dropped_in_discovery; /* calls dropped while discovering */
     uint64_t discoveries;          /* discovery runs */
     uint64_t discovery_ticks;      /* TSC ticks spent in them */
+    uint64_t refused_full;         /* probes refused: tables full */
 } fastinst_stats;
 int fastinst_get_stats(fastinst_stats *out);
 

@@ -32,16 +32,12 @@ pub(crate) fn register(cb: Callback) -> Result<()> {
         }
         crate::hooks::IN_DISCOVERY.with(|d| d.set(true));
         for p in registry::iter() {
-            cb_call(&cb, &p.meta());
+            cb.call(&p.meta());
         }
         crate::hooks::IN_DISCOVERY.with(|d| d.set(false));
         s.callbacks.push(cb);
         Ok(())
     })
-}
-
-fn cb_call(cb: &Callback, m: &ProbeMeta) {
-    cb.call(m)
 }
 
 /// Makes probe `id` call `handler`. If the probe's code is off it is

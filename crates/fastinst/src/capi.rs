@@ -187,52 +187,18 @@ pub extern "C" fn fastinst_inactive_hits(id: ProbeId) -> i64 {
     }
 }
 
-/// Runtime counters: probes, unrecognised sites, rewritten argument loads.
+/// Copies the runtime counters ([`crate::Stats`]) to `*out`.
 ///
 /// # Safety
 /// `out` is NULL or points to writable memory for one `fastinst_stats`.
 #[no_mangle]
-pub unsafe extern "C" fn fastinst_get_stats(out: *mut CStats) -> c_int {
+pub unsafe extern "C" fn fastinst_get_stats(out: *mut crate::Stats) -> c_int {
     if out.is_null() {
-        return Error::InvalidArgument(String::new()).code();
+        return Error::InvalidArgument("null output".into()).code();
     }
-    let s = crate::stats();
     // SAFETY: checked non-null; the caller guarantees it is writable.
-    unsafe {
-        out.write(CStats {
-            probes: s.probes,
-            unrecognised: s.unrecognised,
-            arg_rewritten: s.arg_rewritten,
-            tail_ambiguous: s.tail_ambiguous,
-            dropped_nested: s.dropped_nested,
-            dropped_in_discovery: s.dropped_in_discovery,
-            discoveries: s.discoveries,
-            discovery_ticks: s.discovery_ticks,
-        })
-    };
+    unsafe { out.write(crate::stats()) };
     0
-}
-
-/// C view of [`crate::Stats`] (`fastinst_stats`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CStats {
-    /// Probes discovered.
-    pub probes: u64,
-    /// Unrecognised sites (never patched).
-    pub unrecognised: u64,
-    /// Probes whose `this_fn` load passes the id.
-    pub arg_rewritten: u64,
-    /// Tail-jump exits reported as the first of several.
-    pub tail_ambiguous: u64,
-    /// Calls dropped by the recursion guard.
-    pub dropped_nested: u64,
-    /// Calls dropped during discovery.
-    pub dropped_in_discovery: u64,
-    /// Discovery runs.
-    pub discoveries: u64,
-    /// TSC ticks spent in them.
-    pub discovery_ticks: u64,
 }
 
 /// A static description of a status code.

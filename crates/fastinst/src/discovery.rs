@@ -244,7 +244,6 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         state: AtomicU8::new(ON),
         lock: AtomicBool::new(false),
         unloaded: AtomicBool::new(false),
-        rewritten: AtomicBool::new(false),
         rewrite_at: AtomicU64::new(0),
         module,
         site: call,
@@ -302,8 +301,7 @@ fn rewrite_arg(s: &State, p: &Probe, site: &HookSite, this_fn: u64) {
     match r {
         Ok(()) => {
             sitetable::insert(key::patched(rw.insn), rw.insn_len as u32);
-            p.rewrite_at.store(rw.insn, Ordering::Relaxed);
-            p.rewritten.store(true, Ordering::Release);
+            p.rewrite_at.store(rw.insn, Ordering::Release);
             bump(&stats::REWRITTEN);
         }
         Err(e) => crate::log::debug(format_args!("argument rewrite at {:#x} failed: {e}", rw.addr)),

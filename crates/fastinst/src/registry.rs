@@ -32,9 +32,7 @@ pub struct Probe {
     pub(crate) lock: AtomicBool,
     /// Set once its library has been unloaded: never touched again.
     pub(crate) unloaded: AtomicBool,
-    /// Set once the `this_fn` load was rewritten to pass the id.
-    pub(crate) rewritten: AtomicBool,
-    /// Address of the rewritten load (0 if none).
+    /// Address of the `this_fn` load rewritten to pass the id (0 if none).
     pub(crate) rewrite_at: AtomicU64,
     /// Index of the module it lives in.
     pub(crate) module: u32,
@@ -52,7 +50,7 @@ impl Probe {
     /// Its metadata.
     pub fn meta(&self) -> ProbeMeta {
         ProbeMeta {
-            arg_rewritten: self.rewritten.load(Ordering::Acquire),
+            arg_rewritten: self.rewrite_at.load(Ordering::Acquire) != 0,
             ..self.meta
         }
     }

@@ -11,7 +11,9 @@ pub(crate) static DISCOVERY_TICKS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static DISCOVERIES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FULL: AtomicU64 = AtomicU64::new(0);
 
-/// A snapshot of the runtime's counters.
+/// A snapshot of the runtime's counters. `repr(C)`: it is also the C API's
+/// `fastinst_stats`.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Probes discovered.
