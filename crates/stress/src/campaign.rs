@@ -24,7 +24,7 @@ pub struct ConfigResult {
     pub inconclusive: u64,
     /// Trials that crashed, hung, or saw torn code or wrong state.
     pub failures: u64,
-    /// Toggles over all completed trials.
+    /// Toggles over all trials (a failed trial's up to its failure).
     pub toggles: u64,
     /// Toggles in counted trials.
     pub counted_toggles: u64,
@@ -87,14 +87,18 @@ pub fn run_config(spec: &TrialSpec, trials: u64, stop_at_failure: bool) -> Confi
                     r.inconclusive += 1;
                 }
             }
-            Outcome::Crashed(sig) => {
+            Outcome::Crashed { signal, toggles } => {
                 r.failures += 1;
                 r.counted += 1;
-                r.failure_kinds.push(signal_name(*sig));
+                r.toggles += toggles;
+                r.counted_toggles += toggles;
+                r.failure_kinds.push(signal_name(*signal));
             }
-            Outcome::Hung => {
+            Outcome::Hung { toggles } => {
                 r.failures += 1;
                 r.counted += 1;
+                r.toggles += toggles;
+                r.counted_toggles += toggles;
                 r.failure_kinds.push("hung".into());
             }
             Outcome::Error(e) => {

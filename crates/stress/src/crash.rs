@@ -4,9 +4,18 @@
 //! instruction (and which mixture of bytes ran) from any other crash.
 //! Async-signal-safe: fixed buffers, `write(2)`, no allocation.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 static SITE: AtomicUsize = AtomicUsize::new(0);
+/// Where reports go: stderr unless [`set_report_fd`] chose a log.
+static REPORT_FD: AtomicI32 = AtomicI32::new(2);
+
+/// Sends crash reports of later trials to `fd` (an open, writable file the
+/// caller keeps open) instead of stderr: a tool whose output is a table keeps
+/// the table readable and the reports in a log.
+pub fn set_report_fd(fd: i32) {
+    REPORT_FD.store(fd, Ordering::Relaxed);
+}
 
 fn hex(buf: &mut [u8], at: &mut usize, v: u64, digits: usize) {
     for i in (0..digits).rev() {
@@ -74,7 +83,11 @@ extern "C" fn report(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut lib
             );
         }
         text(&mut buf, &mut at, b"\n");
-        libc::write(2, buf.as_ptr() as *const libc::c_void, at);
+        libc::write(
+            REPORT_FD.load(Ordering::Relaxed),
+            buf.as_ptr() as *const libc::c_void,
+            at,
+        );
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(sig, &sa, std::ptr::null_mut());

@@ -20,6 +20,7 @@ mod strategy;
 mod trial;
 
 pub use campaign::{run_config, ConfigResult, MIN_CORUN_RATIO, MIN_CORUN_TOGGLES};
+pub use crash::set_report_fd;
 pub use fixture::{Fixture, NOP5, REL_A};
 pub use strategy::{Strategy, Toggler};
 pub use trial::{run_forked, run_trial, Outcome, TrialSpec, TrialStats};

@@ -80,6 +80,12 @@ struct Padded(AtomicU64);
 /// Runs a trial in this process (a crash takes the process down: see
 /// [`run_forked`]).
 pub fn run_trial(spec: &TrialSpec) -> Result<TrialStats, String> {
+    run_trial_reporting(spec, None)
+}
+
+/// [`run_trial`], publishing the toggle count every 64 toggles to `progress`
+/// (memory shared with the parent, so a crashed trial's toggles are known).
+fn run_trial_reporting(spec: &TrialSpec, progress: Option<&AtomicU64>) -> Result<TrialStats, String> {
     let fx = Arc::new(Fixture::new(spec.form, spec.split).map_err(|e| format!("fixture: {e}"))?);
     let toggler = Toggler::new(&fx, spec.strategy)?;
     crate::crash::set_site(fx.site as usize);
@@ -118,8 +124,13 @@ pub fn run_trial(spec: &TrialSpec) -> Result<TrialStats, String> {
     let deadline = Instant::now() + spec.max_time;
     let mut on = true;
     while st.toggles < spec.max_toggles {
-        if st.toggles % 64 == 0 && Instant::now() >= deadline {
-            break;
+        if st.toggles % 64 == 0 {
+            if let Some(p) = progress {
+                p.store(st.toggles, Ordering::Relaxed);
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
         }
         let before = (total(), wordpatch::traps_handled());
         on = !on;
@@ -152,10 +163,18 @@ pub enum Outcome {
     /// It ran to the end; `stats.bad` and `stats.toggle_errors` may still
     /// report wrong behaviour short of a crash.
     Completed(TrialStats),
-    /// The child died of this signal (SIGSEGV, SIGILL, SIGTRAP, ...).
-    Crashed(i32),
+    /// The child died of a signal (SIGSEGV, SIGILL, SIGTRAP, ...).
+    Crashed {
+        /// The signal.
+        signal: i32,
+        /// Toggles done before the crash (to within 64).
+        toggles: u64,
+    },
     /// The child did not finish in time and was killed.
-    Hung,
+    Hung {
+        /// Toggles done before it stopped making progress (to within 64).
+        toggles: u64,
+    },
     /// The child exited with an error before reporting.
     Error(String),
 }
@@ -174,6 +193,10 @@ impl Outcome {
 /// single-threaded process (the stress binary): the child starts its own
 /// executor threads.
 pub fn run_forked(spec: &TrialSpec) -> Outcome {
+    let shared = match SharedCounter::new() {
+        Ok(c) => c,
+        Err(e) => return Outcome::Error(format!("mmap: {e}")),
+    };
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two fds into the array.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -191,7 +214,7 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         unsafe {
             libc::close(fds[0]);
             crate::crash::install();
-            let code = match run_trial(spec) {
+            let code = match run_trial_reporting(spec, Some(shared.get())) {
                 Ok(st) => {
                     let w = st.to_words();
                     let bytes = std::slice::from_raw_parts(w.as_ptr() as *const u8, FIELDS * 8);
@@ -239,11 +262,15 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
     }
     // SAFETY: closing our pipe end.
     unsafe { libc::close(fds[0]) };
+    let toggles = shared.get().load(Ordering::Relaxed);
     if hung {
-        return Outcome::Hung;
+        return Outcome::Hung { toggles };
     }
     if libc::WIFSIGNALED(status) {
-        return Outcome::Crashed(libc::WTERMSIG(status));
+        return Outcome::Crashed {
+            signal: libc::WTERMSIG(status),
+            toggles,
+        };
     }
     if got != buf.len() || libc::WEXITSTATUS(status) != 0 {
         return Outcome::Error(format!(
@@ -256,4 +283,41 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         w[i] = u64::from_le_bytes(c.try_into().expect("8 bytes"));
     }
     Outcome::Completed(TrialStats::from_words(w))
+}
+
+/// A counter in a shared anonymous page: written by the forked child, read by
+/// the parent after the child is gone.
+struct SharedCounter(*mut AtomicU64);
+
+impl SharedCounter {
+    fn new() -> std::io::Result<SharedCounter> {
+        // SAFETY: a fresh shared anonymous page, zero-filled, owned by this value.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SharedCounter(p as *mut AtomicU64))
+    }
+
+    fn get(&self) -> &AtomicU64 {
+        // SAFETY: the page is mapped, aligned and zero-initialised (a valid
+        // AtomicU64) for as long as `self` lives.
+        unsafe { &*self.0 }
+    }
+}
+
+impl Drop for SharedCounter {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the page `new` mapped; no reference outlives `self`.
+        unsafe { libc::munmap(self.0 as *mut libc::c_void, 4096) };
+    }
 }

@@ -77,7 +77,7 @@ impl MachineConfig {
 
     /// Renders the config as file text; [`parse`](Self::parse) reads it back equal.
     pub fn render(&self) -> String {
-        let mut s = String::from("# fastinst machine config (written by `fastinst calibrate`)\n");
+        let mut s = String::from("# fastinst machine config (written by `fastinst-calibrate`)\n");
         if let Some(t) = self.tmax_ticks {
             let _ = writeln!(s, "tmax_ticks = {t}");
         }
