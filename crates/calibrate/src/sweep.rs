@@ -39,16 +39,24 @@ pub struct Tally {
     pub corun_toggles: u64,
 }
 
+impl From<&ConfigResult> for Tally {
+    fn from(r: &ConfigResult) -> Tally {
+        Tally {
+            trials: r.trials,
+            counted: r.counted,
+            inconclusive: r.inconclusive,
+            failures: r.failures,
+            toggles: r.toggles,
+            counted_toggles: r.counted_toggles,
+            corun_toggles: r.corun_toggles,
+        }
+    }
+}
+
 impl Tally {
     /// Adds one cell's result.
     pub fn add(&mut self, r: &ConfigResult) {
-        self.trials += r.trials;
-        self.counted += r.counted;
-        self.inconclusive += r.inconclusive;
-        self.failures += r.failures;
-        self.toggles += r.toggles;
-        self.counted_toggles += r.counted_toggles;
-        self.corun_toggles += r.corun_toggles;
+        self.merge(&Tally::from(r));
     }
 
     /// Adds another tally.
