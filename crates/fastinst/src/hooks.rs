@@ -35,8 +35,58 @@ core::arch::global_asm!(
     ".size fastinst_in_handler,8",
     "fastinst_in_handler:",
     ".zero 8",
+    // Global but hidden: `context` may be inlined into another codegen
+    // unit, whose object must resolve the name at link time.
+    ".globl fastinst_hook_ctx",
+    ".hidden fastinst_hook_ctx",
+    ".type fastinst_hook_ctx,@object",
+    ".size fastinst_hook_ctx,16",
+    "fastinst_hook_ctx:",
+    ".zero 16",
     ".popsection",
 );
+
+/// What a handler may ask about the hook that called it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookContext {
+    /// The instrumented function's return address (in its caller): the
+    /// `call_site` argument the compiler passes to the hook.
+    pub call_site: usize,
+    /// The instrumented function's stack pointer at the hook call.
+    pub stack: usize,
+}
+
+#[inline(always)]
+fn ctx_set(call_site: u64, stack: u64) {
+    // SAFETY: writes this thread's copy of the 16-byte TLS block above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
+            "mov qword ptr fs:[{t}], {a}",
+            "mov qword ptr fs:[{t} + 8], {b}",
+            t = out(reg) _, a = in(reg) call_site, b = in(reg) stack, options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// The context of the hook whose handler is running on this thread. Only
+/// meaningful inside a probe handler; elsewhere it is the last hook's.
+pub fn context() -> HookContext {
+    let (a, b): (u64, u64);
+    // SAFETY: reads this thread's copy of the 16-byte TLS block above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
+            "mov {a}, qword ptr fs:[{t}]",
+            "mov {b}, qword ptr fs:[{t} + 8]",
+            t = out(reg) _, a = out(reg) a, b = out(reg) b, options(nostack, readonly, preserves_flags)
+        )
+    };
+    HookContext {
+        call_site: a as usize,
+        stack: b as usize,
+    }
+}
 
 #[inline(always)]
 fn guard_get() -> bool {
@@ -76,7 +126,7 @@ thread_local! {
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym enter_fast)
+    core::arch::naked_asm!("mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym enter_fast)
 }
 
 /// The exit hook gcc and clang call (`-finstrument-functions`).
@@ -86,7 +136,7 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, ca
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!("mov rdx, [rsp]", "jmp {f}", f = sym exit_fast)
+    core::arch::naked_asm!("mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym exit_fast)
 }
 
 /// The hooks' addresses, as the site recogniser compares them.
@@ -97,29 +147,30 @@ pub(crate) fn hooks() -> Hooks {
     }
 }
 
-extern "C" fn enter_fast(this_fn: u64, _call_site: u64, ret: u64) {
-    hook(HookKind::Enter, this_fn, ret)
+extern "C" fn enter_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
+    hook(HookKind::Enter, this_fn, ret, call_site, stack)
 }
 
-extern "C" fn exit_fast(this_fn: u64, _call_site: u64, ret: u64) {
-    hook(HookKind::Exit, this_fn, ret)
+extern "C" fn exit_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
+    hook(HookKind::Exit, this_fn, ret, call_site, stack)
 }
 
 #[inline(always)]
-fn hook(kind: HookKind, this_fn: u64, ret: u64) {
+fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
     let id = match providers::tag::decode(this_fn, LOW_LIMIT.load(Ordering::Relaxed)) {
         Some(id) => id,
         None => match sitetable::get(key::ret(ret)) {
             Some(id) => id,
-            None => return slow(kind, this_fn, ret),
+            None => return slow(kind, this_fn, ret, call_site, stack),
         },
     };
-    fire(id)
+    fire(id, call_site, stack)
 }
 
-/// Runs probe `id`'s handler, if it has one, under the recursion guard.
+/// Runs probe `id`'s handler, if it has one, under the recursion guard,
+/// with the hook's context published for [`context`].
 #[inline(always)]
-pub(crate) fn fire(id: ProbeId) {
+pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64) {
     let Some(p) = registry::get(id) else { return };
     let h = p.handler.load(Ordering::Acquire);
     if h == 0 {
@@ -135,15 +186,16 @@ pub(crate) fn fire(id: ProbeId) {
         return;
     }
     guard_set(true);
+    ctx_set(call_site, stack);
     h(id);
     guard_set(false);
 }
 
 #[cold]
 #[inline(never)]
-fn slow(kind: HookKind, this_fn: u64, ret: u64) {
+fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
     if let Some(id) = sitetable::get(key::function(this_fn, kind as u8)) {
-        return fire(id);
+        return fire(id, call_site, stack);
     }
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
@@ -156,7 +208,7 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64) {
     let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret));
     IN_DISCOVERY.with(|d| d.set(false));
     match r {
-        Ok(Some(id)) => fire(id),
+        Ok(Some(id)) => fire(id, call_site, stack),
         Ok(None) => {}
         Err(_) => crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched")),
     }

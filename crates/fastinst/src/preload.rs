@@ -91,7 +91,7 @@ fn start() {
         }
     }
     crate::set_strategy(parse_or_warn::<Strategy>("FASTINST_STRATEGY", Strategy::Flip));
-    let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::None);
+    let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::Profile);
     TOOL.store(tool as u8, Ordering::Relaxed);
     let out = PathBuf::from(env("FASTINST_OUT").unwrap_or_else(|| ".".into()));
     let out = match std::fs::create_dir_all(&out) {
@@ -112,7 +112,8 @@ fn start() {
     unsafe { libc::atexit(at_exit) };
     let ticks = crate::discovery::init();
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
-    if let Err(e) = tools::install(tool) {
+    let out_dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
+    if let Err(e) = tools::install(tool, &out_dir) {
         log::error(format_args!("FASTINST_TOOL: {e}"));
     }
     if let Some(client) = env("FASTINST_CLIENT") {
@@ -174,6 +175,9 @@ extern "C" fn at_exit() {
                 s.discoveries
             ));
         }
+        if TOOL.load(Ordering::Relaxed) == Tool::Profile as u8 {
+            crate::profile::write_reports(false);
+        }
         if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
             let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
             match tools::write_counts(&dir) {
@@ -188,6 +192,7 @@ extern "C" fn at_exit() {
 extern "C" fn fork_prepare() {
     // Nothing may hold the discovery lock or a probe lock in the child.
     std::mem::forget(STATE.lock());
+    crate::profile::fork_prepare();
     for p in registry::iter() {
         std::mem::forget(p.lock());
     }
@@ -202,10 +207,12 @@ fn fork_release() {
 }
 
 extern "C" fn fork_parent() {
+    crate::profile::fork_parent();
     fork_release();
 }
 
 extern "C" fn fork_child() {
+    crate::profile::fork_child();
     fork_release();
     if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
         tools::reset_counts();

@@ -1,7 +1,8 @@
 //! Built-in tools, picked by `FASTINST_TOOL`: `none` (probes stay as the
 //! compiler emitted them, on, with no handler), `off` (every probe is
 //! deactivated at discovery: the floor of the instrumented build), `count`
-//! (per-function call counts, written at exit).
+//! (per-function call counts, written at exit), `profile` (the latency
+//! profiler, [`crate::profile`]; the default).
 
 use crate::probe::{ProbeId, ProbeKind};
 use crate::registry;
@@ -19,6 +20,8 @@ pub enum Tool {
     Off,
     /// Count calls per function.
     Count,
+    /// The latency profiler.
+    Profile,
 }
 
 impl std::str::FromStr for Tool {
@@ -28,8 +31,8 @@ impl std::str::FromStr for Tool {
             "none" | "" => Ok(Tool::None),
             "off" => Ok(Tool::Off),
             "count" => Ok(Tool::Count),
-            "profile" => Err("the `profile` tool is not built yet (it comes with the latency profiler)".into()),
-            other => Err(format!("`{other}` is not a tool (none, off, count)")),
+            "profile" => Ok(Tool::Profile),
+            other => Err(format!("`{other}` is not a tool (profile, count, off, none)")),
         }
     }
 }
@@ -40,9 +43,10 @@ extern "C" fn count_handler(id: ProbeId) {
     }
 }
 
-/// Installs the tool's discovery callback.
-pub fn install(tool: Tool) -> crate::Result<()> {
+/// Installs the tool's discovery callback; `out` is where reports go.
+pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     match tool {
+        Tool::Profile => crate::profile::install(out.to_path_buf()),
         Tool::None => Ok(()),
         Tool::Off => crate::on_discovery(|m| {
             if let Err(e) = crate::deactivate(m.id) {

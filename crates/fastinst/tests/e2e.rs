@@ -15,8 +15,11 @@ const LAYOUTS: [(&str, &[&str]); 3] = [
 
 fn check_program(dir: &Path, plain: &Path, inst: &Path, args: &[&str], what: &str) -> String {
     let want = ok_stdout(&run(plain, args, dir, false, &[]), &format!("{what} uninstrumented"));
-    let none = run(inst, args, dir, true, &[]);
+    let none = run(inst, args, dir, true, &[("FASTINST_TOOL", "none")]);
     assert_eq!(ok_stdout(&none, what), want, "{what}, tool none");
+    // The default tool: the latency profiler.
+    let prof = run(inst, args, dir, true, &[]);
+    assert_eq!(ok_stdout(&prof, what), want, "{what}, default tool (profile)");
     for strategy in STRATEGIES {
         for tool in ["off", "count"] {
             let o = run(

@@ -1,0 +1,567 @@
+//! The latency profiler (`FASTINST_TOOL=profile`, the default tool): the
+//! paper's §9 case study.
+//!
+//! Bursty sampling: every function starts with its entry and exit probes
+//! on. The entry handler counts the calls of the current window; the K-th
+//! (`FASTINST_PROFILE_SAMPLES`, default 10) switches the entry probe off
+//! from inside its own handler (one callpatch store: cheap and safe, the
+//! hook call is already under way). The exit probe stays on until the
+//! function's sampled calls in flight have exited, then switches itself off.
+//! A daemon thread re-activates exhausted functions every epoch
+//! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
+//! call estimate ([`functions`]). Pairing, call paths and their limits are
+//! in [`thread`]; the reports in [`report`].
+
+mod functions;
+pub mod report;
+mod thread;
+
+use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
+use crate::registry;
+use crate::segmented::Segmented;
+use functions::Func;
+use parking_lot::Mutex;
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use thread::{Agg, Frame, Shadow, MAX_DEPTH};
+use wordpatch::tsc;
+
+/// Profiler settings, from the environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Samples per function per window (K >= 2).
+    pub samples: u32,
+    /// Epoch between re-activations.
+    pub epoch: Duration,
+    /// Signal that writes the reports on demand (0: none).
+    pub signal: i32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            samples: 10,
+            epoch: Duration::from_millis(10),
+            signal: 0,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS` and
+    /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number); an invalid
+    /// value is reported and the default kept.
+    pub fn from_env() -> Settings {
+        let mut s = Settings::default();
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_SAMPLES") {
+            match v.trim().parse::<u32>() {
+                Ok(n) if n >= 2 => s.samples = n,
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_SAMPLES: `{v}` is not a number >= 2; using 10"
+                )),
+            }
+        }
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_EPOCH_MS") {
+            match v.trim().parse::<f64>() {
+                Ok(ms) if ms > 0.0 && ms <= 60_000.0 => s.epoch = Duration::from_secs_f64(ms / 1000.0),
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_EPOCH_MS: `{v}` is not a number of ms in (0, 60000]; using 10"
+                )),
+            }
+        }
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_SIGNAL") {
+            match v.trim().trim_start_matches("SIG") {
+                "" | "none" => {}
+                "USR1" => s.signal = libc::SIGUSR1,
+                "USR2" => s.signal = libc::SIGUSR2,
+                n => match n.parse::<i32>() {
+                    Ok(n) if n > 0 && n < 65 => s.signal = n,
+                    _ => crate::log::error(format_args!(
+                        "FASTINST_PROFILE_SIGNAL: `{v}` is not USR1, USR2 or a signal number; no signal"
+                    )),
+                },
+            }
+        }
+        s
+    }
+}
+
+/// Counters of what the profiler did and dropped.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub samples: AtomicU64,
+    pub toggles: AtomicU64,
+    pub handler_ticks: AtomicU64,
+    pub unmatched_exits: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub too_deep: AtomicU64,
+    pub no_cfa: AtomicU64,
+    pub no_thread: AtomicU64,
+}
+
+/// A thread's store: its shadow stack (owner only) and aggregates.
+pub(crate) struct ThreadStore {
+    pub tid: i32,
+    shadow: UnsafeCell<Shadow>,
+    pub agg: Mutex<Agg>,
+    pub exited: AtomicBool,
+}
+
+// SAFETY: `shadow` is only touched by the owning thread (through its
+// thread-local handle, or by its destructor on that thread); everything
+// else is atomics or behind the mutex.
+unsafe impl Sync for ThreadStore {}
+// SAFETY: as above.
+unsafe impl Send for ThreadStore {}
+
+pub(crate) struct Profiler {
+    pub settings: Settings,
+    pub funcs: Segmented<Func>,
+    by_addr: Mutex<HashMap<usize, u32>>,
+    pub threads: Mutex<Vec<Arc<ThreadStore>>>,
+    pub counters: Counters,
+    pub start: Mutex<(u64, Instant)>,
+    stop: AtomicBool,
+    dump: AtomicBool,
+    pub out: PathBuf,
+    pub program: String,
+}
+
+static PROFILER: OnceLock<Profiler> = OnceLock::new();
+
+pub(crate) fn get() -> Option<&'static Profiler> {
+    PROFILER.get()
+}
+
+struct Local(Arc<ThreadStore>);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        // The thread is exiting: its open frames will never exit.
+        // SAFETY: the destructor runs on the owning thread.
+        let sh = unsafe { &mut *self.0.shadow.get() };
+        if let Some(p) = get() {
+            for fr in sh.frames.drain(..) {
+                if let Some(f) = p.funcs.get(fr.func) {
+                    f.outstanding.fetch_sub(1, Ordering::Relaxed);
+                }
+                p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.0.exited.store(true, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static LOCAL: Local = Local(new_store());
+}
+
+fn new_store() -> Arc<ThreadStore> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let s = Arc::new(ThreadStore {
+        tid,
+        shadow: UnsafeCell::new(Shadow::new()),
+        agg: Mutex::new(Agg::default()),
+        exited: AtomicBool::new(false),
+    });
+    if let Some(p) = get() {
+        p.threads.lock().push(s.clone());
+    }
+    s
+}
+
+/// Runs `f` on this thread's store; `None` while the thread is exiting.
+fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
+    LOCAL
+        .try_with(|l| {
+            // SAFETY: only this thread reaches its own shadow stack, and no
+            // handler re-enters (the hook's recursion guard).
+            let sh = unsafe { &mut *l.0.shadow.get() };
+            f(&l.0, sh)
+        })
+        .ok()
+}
+
+/// The function's CFA: just above the slot holding `call_site` (its return
+/// address), searched upward from its stack pointer at the hook. The search
+/// starts one word lower: a tail-jump exit (`pop rbx; jmp exit_hook`)
+/// reaches the hook with the function's own return address on top of the
+/// stack; a called hook has its own return address there, which is never
+/// `call_site`.
+#[inline]
+fn cfa(ctx: crate::hooks::HookContext) -> Option<u64> {
+    const WORDS: usize = 256;
+    let mut p = (ctx.stack & !7) - 8;
+    for _ in 0..WORDS {
+        // SAFETY: the words from an instrumented function's stack pointer up
+        // to its return-address slot are its own frame; further up are its
+        // callers' frames, and above the outermost frame glibc keeps the
+        // thread descriptor (or, for the main thread, the environment), so
+        // 2 KiB above any instrumented frame is mapped stack memory.
+        let v = unsafe { std::ptr::read_volatile(p as *const usize) };
+        if v == ctx.call_site {
+            return Some(p as u64 + 8);
+        }
+        p += 8;
+    }
+    None
+}
+
+fn func_of(p: &'static Profiler, id: ProbeId) -> Option<(&'static Func, u32)> {
+    let fi = registry::get(id)?.tool.load(Ordering::Relaxed).checked_sub(1)? as u32;
+    Some((p.funcs.get(fi)?, fi))
+}
+
+extern "C" fn on_entry(id: ProbeId) {
+    let t_in = tsc::now();
+    let Some(p) = get() else { return };
+    let Some((f, fi)) = func_of(p, id) else { return };
+    let n = f.count.fetch_add(1, Ordering::AcqRel) + 1;
+    if n >= p.settings.samples {
+        if n == p.settings.samples {
+            f.t_k.store(t_in, Ordering::Relaxed);
+            f.exhausted.store(true, Ordering::Release);
+        }
+        // This probe fired, so it is on; another copy of the function's
+        // entry may have filled the quota.
+        if crate::deactivate(id).is_ok() {
+            p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let ctx = crate::hooks::context();
+    let Some(cfa) = cfa(ctx) else {
+        p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let pushed = with_local(|_, sh| {
+        if sh.frames.len() >= MAX_DEPTH {
+            p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        f.outstanding.fetch_add(1, Ordering::Relaxed);
+        let t0 = tsc::now();
+        sh.frames.push(Frame {
+            func: fi,
+            cfa,
+            caller: ctx.call_site as u64,
+            t0,
+            child: 0,
+        });
+        p.counters.handler_ticks.fetch_add(t0 - t_in, Ordering::Relaxed);
+    });
+    if pushed.is_none() {
+        p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn on_exit(id: ProbeId) {
+    let t = tsc::now();
+    let Some(p) = get() else { return };
+    let Some((f, fi)) = func_of(p, id) else { return };
+    let ctx = crate::hooks::context();
+    let Some(cfa) = cfa(ctx) else {
+        p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let r = with_local(|store, sh| {
+        while let Some(top) = sh.frames.last() {
+            if top.cfa >= cfa {
+                break;
+            }
+            if let Some(g) = p.funcs.get(top.func) {
+                g.outstanding.fetch_sub(1, Ordering::Relaxed);
+            }
+            p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            sh.frames.pop();
+        }
+        match sh.frames.last() {
+            Some(top) if top.cfa == cfa && top.func == fi => {}
+            _ => {
+                p.counters.unmatched_exits.fetch_add(1, Ordering::Relaxed);
+                // An exit of a call entered before the window or through
+                // another copy: once nothing sampled is in flight, this
+                // probe has no more work until the next window.
+                if f.exhausted.load(Ordering::Acquire)
+                    && f.outstanding.load(Ordering::Acquire) <= 0
+                    && crate::deactivate(id).is_ok()
+                {
+                    p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        }
+        let done = sh.frames.pop().expect("checked above");
+        let dur = t.saturating_sub(done.t0);
+        if let Some(parent) = sh.frames.last_mut() {
+            if p.funcs
+                .get(parent.func)
+                .is_some_and(|pf| pf.contains(done.caller as usize))
+            {
+                parent.child += dur;
+            }
+        }
+        sh.build_path(&done, |i| get().and_then(|p| p.funcs.get(i)));
+        {
+            let mut agg = store.agg.lock();
+            agg.fns.entry(fi).or_default().record(dur);
+            let e = agg.edges.entry((done.caller, fi)).or_default();
+            e.0 += 1;
+            e.1 += dur;
+            let self_ticks = dur.saturating_sub(done.child);
+            match agg.stacks.get_mut(sh.path.as_slice()) {
+                Some(s) => {
+                    s.0 += 1;
+                    s.1 += self_ticks;
+                }
+                None => {
+                    agg.stacks.insert(sh.path.clone().into_boxed_slice(), (1, self_ticks));
+                }
+            }
+        }
+        p.counters.samples.fetch_add(1, Ordering::Relaxed);
+        let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left <= 0 && f.exhausted.load(Ordering::Acquire) && crate::deactivate(id).is_ok() {
+            p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    if r.is_none() {
+        p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
+    }
+    p.counters.handler_ticks.fetch_add(tsc::now() - t, Ordering::Relaxed);
+}
+
+/// The discovery callback: a function per entry address, both probes on
+/// with the profiler's handlers.
+fn discovered(m: &ProbeMeta) {
+    let Some(p) = get() else { return };
+    let fi = {
+        let mut map = p.by_addr.lock();
+        match map.get(&m.function) {
+            Some(&fi) => fi,
+            None => {
+                let Some(fi) = p.funcs.push(Func::new(m.function, m.name().into_owned(), tsc::now())) else {
+                    crate::log::warn(format_args!("profile: function table full; {} not profiled", m.name()));
+                    return;
+                };
+                map.insert(m.function, fi);
+                fi
+            }
+        }
+    };
+    let f = p.funcs.get(fi).expect("just pushed");
+    if let Some(probe) = registry::get(m.id) {
+        probe.tool.store(fi as u64 + 1, Ordering::Relaxed);
+    }
+    let entry = m.kind == ProbeKind::Entry;
+    f.probes.lock().push((m.id, entry));
+    if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
+        crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
+    }
+}
+
+/// Fills in function ends from the symbol tables (not under the discovery
+/// callback, which runs with the discovery lock held).
+fn resolve_ends(p: &Profiler, from: &mut u32) {
+    let n = p.funcs.len();
+    if *from >= n {
+        return;
+    }
+    crate::discovery::with_state(|st| {
+        for i in *from..n {
+            if let Some(f) = p.funcs.get(i) {
+                let end = st
+                    .modules
+                    .find(f.addr as u64)
+                    .and_then(|m| m.function(f.addr as u64))
+                    .map(|s| s.end() as usize)
+                    .unwrap_or(usize::MAX);
+                f.end.store(end, Ordering::Relaxed);
+            }
+        }
+    });
+    *from = n;
+}
+
+fn daemon() {
+    let Some(p) = get() else { return };
+    let mut resolved = 0u32;
+    while !p.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(p.settings.epoch);
+        resolve_ends(p, &mut resolved);
+        let now = tsc::now();
+        for i in 0..p.funcs.len() {
+            let Some(f) = p.funcs.get(i) else { continue };
+            if !f.exhausted.load(Ordering::Acquire) {
+                continue;
+            }
+            f.close_window(p.settings.samples, now);
+            // Exits first, so no sampled entry misses its exit.
+            let probes = f.probes.lock().clone();
+            for entry in [false, true] {
+                if entry {
+                    f.open_window(tsc::now());
+                }
+                for &(id, _) in probes.iter().filter(|x| x.1 == entry) {
+                    let h: crate::Handler = if entry { on_entry } else { on_exit };
+                    if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
+                        p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if p.dump.swap(false, Ordering::AcqRel) {
+            write_reports(true);
+        }
+    }
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store; the daemon writes the reports.
+    if let Some(p) = get() {
+        p.dump.store(true, Ordering::Release);
+    }
+}
+
+/// Starts the profiler: the discovery callback, the daemon, the signal.
+pub fn install(out: PathBuf) -> crate::Result<()> {
+    let settings = Settings::from_env();
+    let program = std::env::args().next().unwrap_or_default();
+    let fresh = PROFILER.set(Profiler {
+        settings,
+        funcs: Segmented::new(1024),
+        by_addr: Mutex::new(HashMap::new()),
+        threads: Mutex::new(Vec::new()),
+        counters: Counters::default(),
+        start: Mutex::new((tsc::now(), Instant::now())),
+        stop: AtomicBool::new(false),
+        dump: AtomicBool::new(false),
+        out,
+        program,
+    });
+    if fresh.is_err() {
+        return Ok(());
+    }
+    crate::on_discovery(discovered)?;
+    start_daemon();
+    if settings.signal != 0 {
+        // SAFETY: installs a handler that only stores to an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(settings.signal, &sa, std::ptr::null_mut());
+        }
+    }
+    Ok(())
+}
+
+fn start_daemon() {
+    if let Err(e) = std::thread::Builder::new()
+        .name("fastinst-profile".into())
+        .spawn(daemon)
+    {
+        crate::log::error(format_args!(
+            "profile: cannot start the sampling thread: {e}; probes stay on after their first 10 samples are taken"
+        ));
+    }
+}
+
+/// Before fork: take every profiler lock, so none is held by a thread that
+/// will not exist in the child. Order: the discovery lock (taken by the
+/// caller first), the function map, the thread list, each thread's
+/// aggregates; no other path takes two of them in another order.
+pub(crate) fn fork_prepare() {
+    let Some(p) = get() else { return };
+    std::mem::forget(p.by_addr.lock());
+    let threads = p.threads.lock();
+    for t in threads.iter() {
+        std::mem::forget(t.agg.lock());
+    }
+    std::mem::forget(threads);
+}
+
+fn fork_unlock(p: &Profiler) {
+    // SAFETY: fork_prepare locked each of these on this thread and forgot
+    // the guards; the thread list is stable while its lock is held.
+    unsafe {
+        let threads = &*p.threads.data_ptr();
+        for t in threads.iter() {
+            t.agg.force_unlock();
+        }
+        p.threads.force_unlock();
+        p.by_addr.force_unlock();
+    }
+}
+
+/// After fork, in the parent.
+pub(crate) fn fork_parent() {
+    if let Some(p) = get() {
+        fork_unlock(p);
+    }
+}
+
+/// After fork, in the child: release the locks, forget the parent's
+/// samples and threads, restart the daemon (threads do not survive fork).
+pub(crate) fn fork_child() {
+    let Some(p) = get() else { return };
+    fork_unlock(p);
+    let now = tsc::now();
+    *p.start.lock() = (now, Instant::now());
+    for i in 0..p.funcs.len() {
+        if let Some(f) = p.funcs.get(i) {
+            f.reset(now);
+        }
+    }
+    let me = LOCAL.try_with(|l| l.0.clone()).ok();
+    let mut threads = p.threads.lock();
+    threads.retain(|t| me.as_ref().is_some_and(|m| Arc::ptr_eq(m, t)));
+    for t in threads.iter() {
+        *t.agg.lock() = Agg::default();
+    }
+    drop(threads);
+    let counters = &p.counters;
+    for c in [
+        &counters.samples,
+        &counters.toggles,
+        &counters.handler_ticks,
+        &counters.unmatched_exits,
+        &counters.abandoned,
+        &counters.too_deep,
+        &counters.no_cfa,
+        &counters.no_thread,
+    ] {
+        c.store(0, Ordering::Relaxed);
+    }
+    start_daemon();
+}
+
+/// Writes the reports (at exit, or on the signal) and prints where.
+pub(crate) fn write_reports(on_demand: bool) {
+    let Some(p) = get() else { return };
+    if !on_demand {
+        p.stop.store(true, Ordering::Relaxed);
+    }
+    if registry::count() == 0 {
+        return;
+    }
+    let r = report::collect(p);
+    match report::write_all(&r, &p.out) {
+        Ok(paths) => eprintln!(
+            "fastinst: profile of {} functions ({} samples) written to {} (also {})",
+            r.functions.len(),
+            r.overhead.samples,
+            paths[0].display(),
+            paths[1..]
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => crate::log::error(format_args!("cannot write the profile to {}: {e}", p.out.display())),
+    }
+}

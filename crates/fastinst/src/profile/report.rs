@@ -1,0 +1,488 @@
+//! The profile as people read it: a text table sorted by time, folded
+//! stacks and a flame graph (inferno), and JSON (schema below).
+//!
+//! Estimates. Calls: per function, from its windows ([`super::functions`]).
+//! Total time: mean sampled duration × estimated calls. Self time: total
+//! minus the estimated time of its calls to other instrumented functions
+//! (edges), never below 0; recursion counts an activation's time in every
+//! enclosing activation of the same function, as gprof does. Edges: a
+//! callee's sampled calls split by the function holding their return
+//! address; estimated calls and time scale with the callee's estimate.
+//! Flame graph: each sampled call's self time (its duration minus that of
+//! its sampled direct children), scaled by its function's estimate ratio.
+//! Paths are built from sampled frames only; `[...]` stands for frames that
+//! were not sampled and the name beside it for the direct caller, so no
+//! path shows a call that did not happen.
+//!
+//! JSON schema `fastinst-profile/1`: `{schema, program, pid, wall_ms,
+//! tsc_mhz, settings: {samples_per_window, epoch_ms}, overhead: {probes,
+//! functions, samples, samples_per_s, toggles, toggles_per_s, handler_ms,
+//! unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread},
+//! functions: [{name, address, calls_sampled, calls_estimated, total_ms,
+//! self_ms, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
+//! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
+//! total_ms}], stacks: [{frames: [name], samples, self_ms}]}`; times in
+//! milliseconds (`_ms`) or microseconds (`_us`), all estimated except the
+//! sampled durations' order statistics.
+
+use super::thread::{bucket_mid, FnAgg, CALLER_TAG, GAP};
+use super::Profiler;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+/// The report's root.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Report {
+    /// `fastinst-profile/1`.
+    pub schema: String,
+    /// argv[0].
+    pub program: String,
+    /// Process id.
+    pub pid: u32,
+    /// Wall time profiled.
+    pub wall_ms: f64,
+    /// TSC ticks per microsecond.
+    pub tsc_mhz: f64,
+    /// Sampling settings.
+    pub settings: SettingsOut,
+    /// What the profiler cost and dropped.
+    pub overhead: Overhead,
+    /// Per function, by total time.
+    pub functions: Vec<FunctionRow>,
+    /// Caller -> callee, by time.
+    pub edges: Vec<EdgeRow>,
+    /// Sampled call paths.
+    pub stacks: Vec<StackRow>,
+}
+
+/// Sampling settings as reported.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SettingsOut {
+    /// Samples per function per window.
+    pub samples_per_window: u32,
+    /// Epoch in ms.
+    pub epoch_ms: f64,
+}
+
+/// The profiler's own cost and losses.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Overhead {
+    /// Probes discovered.
+    pub probes: u32,
+    /// Functions with probes.
+    pub functions: u32,
+    /// Sampled calls.
+    pub samples: u64,
+    /// Per second of wall time.
+    pub samples_per_s: f64,
+    /// Probe activations and deactivations by the profiler.
+    pub toggles: u64,
+    /// Per second of wall time.
+    pub toggles_per_s: f64,
+    /// Time spent in the profiler's handlers, all threads.
+    pub handler_ms: f64,
+    /// Exits whose entry was not sampled (dropped).
+    pub unmatched_exits: u64,
+    /// Sampled activations left without an exit (longjmp, exceptions,
+    /// thread exit; dropped).
+    pub abandoned_frames: u64,
+    /// Sampled calls deeper than the shadow stack (dropped).
+    pub too_deep: u64,
+    /// Hooks whose frame could not be found (dropped).
+    pub no_cfa: u64,
+    /// Hooks on a thread that was exiting (dropped).
+    pub no_thread: u64,
+}
+
+/// One function.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FunctionRow {
+    /// Demangled name, or the address.
+    pub name: String,
+    /// Entry address.
+    pub address: String,
+    /// Calls sampled (entry and exit seen).
+    pub calls_sampled: u64,
+    /// Estimated calls in all.
+    pub calls_estimated: f64,
+    /// Estimated total (inclusive) time.
+    pub total_ms: f64,
+    /// Estimated self time.
+    pub self_ms: f64,
+    /// Mean sampled duration.
+    pub mean_us: f64,
+    /// Sampled duration statistics.
+    pub min_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 90th percentile.
+    pub p90_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Maximum.
+    pub max_us: f64,
+    /// Threads (tids) it was sampled on.
+    pub threads: Vec<i32>,
+}
+
+/// One caller -> callee edge.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct EdgeRow {
+    /// The function holding the call's return address.
+    pub caller: String,
+    /// The instrumented callee.
+    pub callee: String,
+    /// Sampled calls along this edge.
+    pub calls_sampled: u64,
+    /// Estimated calls.
+    pub calls_estimated: f64,
+    /// Estimated time in the callee along this edge.
+    pub total_ms: f64,
+}
+
+/// One sampled call path.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StackRow {
+    /// Outermost first; `[...]` marks frames not sampled.
+    pub frames: Vec<String>,
+    /// Sampled calls ending this path.
+    pub samples: u64,
+    /// Estimated self time of the last frame along this path.
+    pub self_ms: f64,
+}
+
+fn percentile(hist: &[u32], n: u64, q: f64) -> f64 {
+    let target = ((n as f64 - 1.0) * q).round() as u64;
+    let mut seen = 0u64;
+    for (b, &c) in hist.iter().enumerate() {
+        seen += c as u64;
+        if seen > target {
+            return bucket_mid(b);
+        }
+    }
+    0.0
+}
+
+/// Gathers every thread's samples into a report.
+pub(crate) fn collect(p: &Profiler) -> Report {
+    let (t0, i0) = *p.start.lock();
+    let t1 = wordpatch::tsc::now();
+    let wall_ns = i0.elapsed().as_nanos().max(1) as f64;
+    let ticks_per_ns = (t1.saturating_sub(t0)) as f64 / wall_ns;
+    let ms = |ticks: f64| ticks / ticks_per_ns / 1e6;
+    let us = |ticks: f64| ticks / ticks_per_ns / 1e3;
+    let k = p.settings.samples;
+
+    let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
+    let mut edges: HashMap<(u64, u32), (u64, u64)> = HashMap::new();
+    let mut stacks: HashMap<Box<[u64]>, (u64, u64)> = HashMap::new();
+    for t in p.threads.lock().iter() {
+        let a = t.agg.lock();
+        for (fi, fa) in &a.fns {
+            let e = fns.entry(*fi).or_default();
+            e.0.merge(fa);
+            e.1.push(t.tid);
+        }
+        for (key, v) in &a.edges {
+            let e = edges.entry(*key).or_default();
+            e.0 += v.0;
+            e.1 += v.1;
+        }
+        for (key, v) in &a.stacks {
+            let e = stacks.entry(key.clone()).or_default();
+            e.0 += v.0;
+            e.1 += v.1;
+        }
+    }
+
+    // Function ranges, to name a return address by its instrumented caller.
+    let mut ranges: Vec<(usize, usize, u32)> = (0..p.funcs.len())
+        .filter_map(|i| {
+            let f = p.funcs.get(i)?;
+            Some((f.addr, f.end.load(Ordering::Relaxed), i))
+        })
+        .collect();
+    ranges.sort_unstable();
+    let caller_fn = |ret: u64| -> Option<u32> {
+        let i = ranges.partition_point(|r| r.0 < ret as usize);
+        let r = ranges.get(i.checked_sub(1)?)?;
+        (r.1 != 0 && (ret as usize) <= r.1).then_some(r.2)
+    };
+    let mut symbol_cache: HashMap<u64, String> = HashMap::new();
+    let mut name_of_ret = |ret: u64| -> String {
+        if let Some(fi) = caller_fn(ret) {
+            return fn_name(p, fi);
+        }
+        symbol_cache
+            .entry(ret)
+            .or_insert_with(|| {
+                crate::discovery::with_state(|st| {
+                    st.modules
+                        .find(ret)
+                        .and_then(|m| m.function(ret - 1))
+                        .map(|f| providers::elf::demangle(&f.name))
+                })
+                .unwrap_or_else(|| format!("[{ret:#x}]"))
+            })
+            .clone()
+    };
+
+    let mut est: HashMap<u32, f64> = HashMap::new();
+    let mut mean: HashMap<u32, f64> = HashMap::new();
+    for (fi, (a, _)) in &fns {
+        let f = p.funcs.get(*fi).expect("sampled function exists");
+        est.insert(*fi, f.estimated_calls(k, t1).max(a.n as f64));
+        mean.insert(*fi, a.sum as f64 / a.n.max(1) as f64);
+    }
+    let total_of = |fi: u32| est.get(&fi).copied().unwrap_or(0.0) * mean.get(&fi).copied().unwrap_or(0.0);
+
+    // Edges, merged by caller function.
+    let mut edge_rows: HashMap<(String, u32), (u64, u64, Option<u32>)> = HashMap::new();
+    for ((site, callee), (n, ticks)) in &edges {
+        let cf = caller_fn(*site);
+        let name = name_of_ret(*site);
+        let e = edge_rows.entry((name, *callee)).or_insert((0, 0, cf));
+        e.0 += n;
+        e.1 += ticks;
+    }
+    let mut child_time: HashMap<u32, f64> = HashMap::new();
+    let mut edges_out = Vec::new();
+    for ((caller, callee), (n, ticks, cf)) in edge_rows {
+        let sampled = fns.get(&callee).map(|x| x.0.n).unwrap_or(0).max(1);
+        let calls = est.get(&callee).copied().unwrap_or(0.0) * n as f64 / sampled as f64;
+        let time = calls * ticks as f64 / n.max(1) as f64;
+        if let Some(cf) = cf {
+            if cf != callee {
+                *child_time.entry(cf).or_default() += time;
+            }
+        }
+        edges_out.push(EdgeRow {
+            caller,
+            callee: fn_name(p, callee),
+            calls_sampled: n,
+            calls_estimated: calls,
+            total_ms: ms(time),
+        });
+    }
+    edges_out.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.caller.cmp(&b.caller)));
+
+    let mut functions: Vec<FunctionRow> = fns
+        .iter()
+        .map(|(fi, (a, tids))| {
+            let f = p.funcs.get(*fi).expect("exists");
+            let total = total_of(*fi);
+            let mut tids = tids.clone();
+            tids.sort_unstable();
+            tids.dedup();
+            FunctionRow {
+                name: fn_name(p, *fi),
+                address: format!("{:#x}", f.addr),
+                calls_sampled: a.n,
+                calls_estimated: est[fi],
+                total_ms: ms(total),
+                self_ms: ms((total - child_time.get(fi).copied().unwrap_or(0.0)).max(0.0)),
+                mean_us: us(mean[fi]),
+                min_us: us(a.min as f64),
+                p50_us: us(percentile(&a.hist[..], a.n, 0.5)),
+                p90_us: us(percentile(&a.hist[..], a.n, 0.9)),
+                p99_us: us(percentile(&a.hist[..], a.n, 0.99)),
+                max_us: us(a.max as f64),
+                threads: tids,
+            }
+        })
+        .collect();
+    functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
+
+    let mut stack_rows: Vec<StackRow> = stacks
+        .iter()
+        .map(|(path, (n, self_ticks))| {
+            let last = *path.last().expect("a path ends at its function") as u32;
+            let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
+            let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
+            let frames = path
+                .iter()
+                .map(|&item| match item {
+                    GAP => "[...]".to_string(),
+                    i if i & CALLER_TAG != 0 => name_of_ret(i & !CALLER_TAG),
+                    i => fn_name(p, i as u32),
+                })
+                .collect();
+            StackRow {
+                frames,
+                samples: *n,
+                self_ms: ms(*self_ticks as f64 * scale),
+            }
+        })
+        .collect();
+    stack_rows.sort_by(|a, b| a.frames.cmp(&b.frames));
+
+    let c = &p.counters;
+    let wall_s = wall_ns / 1e9;
+    let samples = c.samples.load(Ordering::Relaxed);
+    let toggles = c.toggles.load(Ordering::Relaxed);
+    Report {
+        schema: "fastinst-profile/1".into(),
+        program: p.program.clone(),
+        pid: std::process::id(),
+        wall_ms: wall_ns / 1e6,
+        tsc_mhz: ticks_per_ns * 1e3,
+        settings: SettingsOut {
+            samples_per_window: k,
+            epoch_ms: p.settings.epoch.as_secs_f64() * 1e3,
+        },
+        overhead: Overhead {
+            probes: crate::registry::count(),
+            functions: p.funcs.len(),
+            samples,
+            samples_per_s: samples as f64 / wall_s,
+            toggles,
+            toggles_per_s: toggles as f64 / wall_s,
+            handler_ms: ms(c.handler_ticks.load(Ordering::Relaxed) as f64),
+            unmatched_exits: c.unmatched_exits.load(Ordering::Relaxed),
+            abandoned_frames: c.abandoned.load(Ordering::Relaxed),
+            too_deep: c.too_deep.load(Ordering::Relaxed),
+            no_cfa: c.no_cfa.load(Ordering::Relaxed),
+            no_thread: c.no_thread.load(Ordering::Relaxed),
+        },
+        functions,
+        edges: edges_out,
+        stacks: stack_rows,
+    }
+}
+
+fn fn_name(p: &Profiler, fi: u32) -> String {
+    match p.funcs.get(fi) {
+        Some(f) if !f.name.is_empty() => f.name.clone(),
+        Some(f) => format!("[{:#x}]", f.addr),
+        None => format!("[function {fi}]"),
+    }
+}
+
+/// The text report.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let o = &r.overhead;
+    let _ = writeln!(
+        s,
+        "fastinst profile: {} (pid {}), {:.3} s profiled, TSC {:.0} MHz",
+        r.program,
+        r.pid,
+        r.wall_ms / 1e3,
+        r.tsc_mhz
+    );
+    let _ = writeln!(
+        s,
+        "sampling: {} calls per function per window, windows re-opened every {} ms",
+        r.settings.samples_per_window, r.settings.epoch_ms
+    );
+    let _ = writeln!(
+        s,
+        "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in handlers",
+        o.probes, o.functions, o.samples, o.samples_per_s, o.toggles, o.toggles_per_s, o.handler_ms
+    );
+    let _ = writeln!(
+        s,
+        "dropped: {} exits whose entry was not sampled, {} activations left without exit, {} too deep, {} without frame, {} on exiting threads",
+        o.unmatched_exits, o.abandoned_frames, o.too_deep, o.no_cfa, o.no_thread
+    );
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:>12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<8} function",
+        "calls(est)",
+        "sampled",
+        "total ms",
+        "self ms",
+        "min us",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "max us",
+        "mean us",
+        "threads"
+    );
+    for f in &r.functions {
+        let _ = writeln!(
+            s,
+            "{:>12.0} {:>8} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}  {:<8} {}",
+            f.calls_estimated,
+            f.calls_sampled,
+            f.total_ms,
+            f.self_ms,
+            f.min_us,
+            f.p50_us,
+            f.p90_us,
+            f.p99_us,
+            f.max_us,
+            f.mean_us,
+            f.threads.len(),
+            f.name
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "call edges (caller -> callee): calls(est), sampled, total ms");
+    for e in &r.edges {
+        let _ = writeln!(
+            s,
+            "{:>12.0} {:>8} {:>10.3}  {} -> {}",
+            e.calls_estimated, e.calls_sampled, e.total_ms, e.caller, e.callee
+        );
+    }
+    s
+}
+
+/// Folded stacks (`a;b;c weight`), weights in nanoseconds of self time.
+pub fn render_folded(r: &Report) -> String {
+    let mut s = String::new();
+    for st in &r.stacks {
+        let w = (st.self_ms * 1e6).round() as u64;
+        if w == 0 {
+            continue;
+        }
+        let frames: Vec<String> = st.frames.iter().map(|f| f.replace([';', ' '], "_")).collect();
+        let _ = writeln!(s, "{} {w}", frames.join(";"));
+    }
+    s
+}
+
+/// The flame graph of the folded stacks.
+pub fn render_svg(r: &Report) -> Result<String, String> {
+    let folded = render_folded(r);
+    let mut opt = inferno::flamegraph::Options::default();
+    opt.title = format!("fastinst profile: {} (pid {})", r.program, r.pid);
+    opt.count_name = "ns".into();
+    let mut out = Vec::new();
+    if folded.is_empty() {
+        return Ok(String::new());
+    }
+    inferno::flamegraph::from_lines(&mut opt, folded.lines(), &mut out).map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
+}
+
+/// Writes `fastinst-profile.<pid>.{txt,json,folded,svg}` under `dir`;
+/// returns the paths, the text report first.
+pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let path = |ext: &str| dir.join(format!("fastinst-profile.{}.{ext}", r.pid));
+    let json = serde_json::to_string_pretty(r).map_err(std::io::Error::other)?;
+    let svg = render_svg(r).map_err(std::io::Error::other)?;
+    let files = [
+        (path("txt"), render_text(r)),
+        (path("json"), json),
+        (path("folded"), render_folded(r)),
+        (path("svg"), svg),
+    ];
+    let mut out = Vec::new();
+    for (p, text) in files {
+        if text.is_empty() {
+            continue;
+        }
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &p)?;
+        out.push(p);
+    }
+    Ok(out)
+}

@@ -1,0 +1,76 @@
+//! An append-only table whose entries never move: fixed segment pointers,
+//! segments allocated on demand and never freed. Readers take two loads and
+//! no lock; writers serialise among themselves.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+const SEG_BITS: u32 = 12;
+const SEG: usize = 1 << SEG_BITS;
+
+/// The table. `T` values live for the rest of the process.
+pub(crate) struct Segmented<T: 'static> {
+    segs: Box<[AtomicPtr<OnceLock<T>>]>,
+    len: AtomicU32,
+}
+
+impl<T: Send + Sync + 'static> Segmented<T> {
+    /// A table of at most `segments` × 4096 entries.
+    pub(crate) fn new(segments: usize) -> Self {
+        Segmented {
+            segs: (0..segments).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            len: AtomicU32::new(0),
+        }
+    }
+
+    /// Entries published so far.
+    pub(crate) fn len(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Entry `i`, if published.
+    pub(crate) fn get(&self, i: u32) -> Option<&T> {
+        let seg = self.segs.get((i >> SEG_BITS) as usize)?.load(Ordering::Acquire);
+        if seg.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null segment pointer was published (Release) after
+        // its SEG slots were initialised, and segments are never freed.
+        unsafe { &*seg.add(i as usize & (SEG - 1)) }.get()
+    }
+
+    /// Appends `v`; callers serialise pushes. `None` when full.
+    pub(crate) fn push(&self, v: T) -> Option<u32> {
+        let i = self.len.load(Ordering::Relaxed);
+        let si = (i >> SEG_BITS) as usize;
+        let slot_seg = self.segs.get(si)?;
+        let mut seg = slot_seg.load(Ordering::Acquire);
+        if seg.is_null() {
+            let fresh: Box<[OnceLock<T>]> = (0..SEG).map(|_| OnceLock::new()).collect();
+            seg = Box::leak(fresh).as_mut_ptr();
+            slot_seg.store(seg, Ordering::Release);
+        }
+        // SAFETY: as in `get`; the index is below SEG.
+        let slot = unsafe { &*seg.add(i as usize & (SEG - 1)) };
+        slot.set(v).ok()?;
+        self.len.store(i + 1, Ordering::Release);
+        Some(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_get_across_segments() {
+        let t: Segmented<u64> = Segmented::new(2);
+        for i in 0..(2 * SEG as u64) {
+            assert_eq!(t.push(i * 3), Some(i as u32));
+        }
+        assert_eq!(t.push(0), None);
+        assert_eq!(t.get(SEG as u32 + 5), Some(&((SEG as u64 + 5) * 3)));
+        assert_eq!(t.get(2 * SEG as u32), None);
+        assert_eq!(t.len(), 2 * SEG as u32);
+    }
+}
