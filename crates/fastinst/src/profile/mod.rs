@@ -198,11 +198,9 @@ fn cfa(ctx: crate::hooks::HookContext) -> Option<u64> {
     const WORDS: usize = 256;
     let mut p = (ctx.stack & !7) - 8;
     for _ in 0..WORDS {
-        // SAFETY: the words from an instrumented function's stack pointer up
-        // to its return-address slot are its own frame; further up are its
-        // callers' frames, and above the outermost frame glibc keeps the
-        // thread descriptor (or, for the main thread, the environment), so
-        // 2 KiB above any instrumented frame is mapped stack memory.
+        // SAFETY: above an instrumented function's stack pointer lie its
+        // frame, its callers' frames, then glibc's thread descriptor (or the
+        // main thread's environment): 2 KiB up is mapped stack memory.
         let v = unsafe { std::ptr::read_volatile(p as *const usize) };
         if v == ctx.call_site {
             return Some(p as u64 + 8);
