@@ -1,4 +1,5 @@
-//! The probe registry: dense ids, append-only, never moves.
+//! The probe registry: dense ids, append-only, never moves (a [`Segmented`]
+//! table).
 //!
 //! Probes live in segments of [`SEGMENT`] slots, allocated on demand and
 //! never freed, indexed by a fixed table of segment pointers. A reader (the
@@ -6,14 +7,13 @@
 //! once published, stays at its address for the life of the process.
 
 use crate::probe::{ProbeId, ProbeMeta};
+use crate::segmented::Segmented;
 use callpatch::CallSite;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
-const SEGMENT_BITS: u32 = 12;
-/// Probes per segment.
-pub const SEGMENT: usize = 1 << SEGMENT_BITS;
 const SEGMENTS: usize = 4096;
+/// Probes per segment.
+pub const SEGMENT: usize = crate::segmented::SEG;
 /// Most probes one process can have.
 pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
 
@@ -76,51 +76,23 @@ impl Drop for ProbeGuard<'_> {
     }
 }
 
-type Segment = [OnceLock<Probe>];
-
-static SEGS: [AtomicPtr<OnceLock<Probe>>; SEGMENTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; SEGMENTS];
-static COUNT: AtomicU32 = AtomicU32::new(0);
+static PROBES: Segmented<Probe, SEGMENTS> = Segmented::new();
 
 /// The probe with id `id`, if it exists. Lock-free.
 #[inline(always)]
 pub fn get(id: ProbeId) -> Option<&'static Probe> {
-    let seg = SEGS.get((id >> SEGMENT_BITS) as usize)?.load(Ordering::Acquire);
-    if seg.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null segment pointer was published (Release) after its
-    // SEGMENT slots were initialised, and segments are never freed.
-    let slot = unsafe { &*seg.add(id as usize & (SEGMENT - 1)) };
-    slot.get()
+    PROBES.get(id)
 }
 
 /// Number of probes published so far (ids `0..count()`).
 pub fn count() -> u32 {
-    COUNT.load(Ordering::Acquire)
+    PROBES.len()
 }
 
 /// Appends a probe built by `make` from its new id. Callers serialise
 /// (discovery holds its lock), so ids are dense.
 pub(crate) fn push(make: impl FnOnce(ProbeId) -> Probe) -> Option<&'static Probe> {
-    let id = COUNT.load(Ordering::Relaxed);
-    if id as usize >= MAX_PROBES {
-        return None;
-    }
-    let si = (id >> SEGMENT_BITS) as usize;
-    let mut seg = SEGS[si].load(Ordering::Acquire);
-    if seg.is_null() {
-        let fresh: Box<Segment> = (0..SEGMENT).map(|_| OnceLock::new()).collect();
-        seg = Box::leak(fresh).as_mut_ptr();
-        SEGS[si].store(seg, Ordering::Release);
-    }
-    // SAFETY: as in `get`; the slot index is below SEGMENT.
-    let slot = unsafe { &*seg.add(id as usize & (SEGMENT - 1)) };
-    let p = make(id);
-    if slot.set(p).is_err() {
-        return None;
-    }
-    COUNT.store(id + 1, Ordering::Release);
-    slot.get()
+    PROBES.push_with(make).map(|(_, p)| p)
 }
 
 /// Every published probe.

@@ -5,20 +5,22 @@
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-const SEG_BITS: u32 = 12;
-const SEG: usize = 1 << SEG_BITS;
+pub(crate) const SEG_BITS: u32 = 12;
+/// Entries per segment.
+pub(crate) const SEG: usize = 1 << SEG_BITS;
 
-/// The table. `T` values live for the rest of the process.
-pub(crate) struct Segmented<T: 'static> {
-    segs: Box<[AtomicPtr<OnceLock<T>>]>,
+/// The table of at most `N` × [`SEG`] entries. `T` values live for the rest
+/// of the process. Const-constructible, so it can be a `static`.
+pub(crate) struct Segmented<T: 'static, const N: usize> {
+    segs: [AtomicPtr<OnceLock<T>>; N],
     len: AtomicU32,
 }
 
-impl<T: Send + Sync + 'static> Segmented<T> {
-    /// A table of at most `segments` × 4096 entries.
-    pub(crate) fn new(segments: usize) -> Self {
+impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
+    /// An empty table.
+    pub(crate) const fn new() -> Self {
         Segmented {
-            segs: (0..segments).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            segs: [const { AtomicPtr::new(std::ptr::null_mut()) }; N],
             len: AtomicU32::new(0),
         }
     }
@@ -29,6 +31,7 @@ impl<T: Send + Sync + 'static> Segmented<T> {
     }
 
     /// Entry `i`, if published.
+    #[inline(always)]
     pub(crate) fn get(&self, i: u32) -> Option<&T> {
         let seg = self.segs.get((i >> SEG_BITS) as usize)?.load(Ordering::Acquire);
         if seg.is_null() {
@@ -41,6 +44,12 @@ impl<T: Send + Sync + 'static> Segmented<T> {
 
     /// Appends `v`; callers serialise pushes. `None` when full.
     pub(crate) fn push(&self, v: T) -> Option<u32> {
+        self.push_with(|_| v).map(|(i, _)| i)
+    }
+
+    /// Appends the value `make` builds from its index; callers serialise
+    /// pushes, so indices are dense. `None` when full.
+    pub(crate) fn push_with(&self, make: impl FnOnce(u32) -> T) -> Option<(u32, &T)> {
         let i = self.len.load(Ordering::Relaxed);
         let si = (i >> SEG_BITS) as usize;
         let slot_seg = self.segs.get(si)?;
@@ -52,9 +61,9 @@ impl<T: Send + Sync + 'static> Segmented<T> {
         }
         // SAFETY: as in `get`; the index is below SEG.
         let slot = unsafe { &*seg.add(i as usize & (SEG - 1)) };
-        slot.set(v).ok()?;
+        slot.set(make(i)).ok()?;
         self.len.store(i + 1, Ordering::Release);
-        Some(i)
+        Some((i, slot.get()?))
     }
 }
 
@@ -64,7 +73,7 @@ mod tests {
 
     #[test]
     fn push_get_across_segments() {
-        let t: Segmented<u64> = Segmented::new(2);
+        let t: Segmented<u64, 2> = Segmented::new();
         for i in 0..(2 * SEG as u64) {
             assert_eq!(t.push(i * 3), Some(i as u32));
         }

@@ -120,7 +120,7 @@ unsafe impl Send for ThreadStore {}
 
 pub(crate) struct Profiler {
     pub settings: Settings,
-    pub funcs: Segmented<Func>,
+    pub funcs: Segmented<Func, 1024>,
     by_addr: Mutex<HashMap<usize, u32>>,
     pub threads: Mutex<Vec<Arc<ThreadStore>>>,
     pub counters: Counters,
@@ -431,7 +431,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     let program = std::env::args().next().unwrap_or_default();
     let fresh = PROFILER.set(Profiler {
         settings,
-        funcs: Segmented::new(1024),
+        funcs: Segmented::new(),
         by_addr: Mutex::new(HashMap::new()),
         threads: Mutex::new(Vec::new()),
         counters: Counters::default(),
