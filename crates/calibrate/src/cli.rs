@@ -14,7 +14,7 @@ use stress::{Strategy, TrialSpec};
 
 /// Usage text.
 pub const USAGE: &str = "\
-usage: fastinst-calibrate [options]
+usage: fastinst calibrate [options]   (also: fastinst-calibrate [options])
 
 Measures T_max, the longest a core may execute a stale copy of a code line,
 by the paper's stress test: a straddling call at each split S=1..4, N executor

@@ -18,6 +18,8 @@
 //!   computes a same-length rewrite that loads a tagged probe id instead
 //!   ([`tag`]), which can never be a code address.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
+//! - [`offline`]: the same recognisers over an ELF file on disk (`fastinst
+//!   sites`).
 //! - [`decode`]: the instruction stream the others share (iced-x86), which
 //!   steps over instructions the runtime has patched.
 
@@ -26,6 +28,7 @@ pub mod decode;
 pub mod elf;
 pub mod finstrument;
 pub mod memory;
+pub mod offline;
 pub mod tag;
 
 pub use memory::{Image, Memory};

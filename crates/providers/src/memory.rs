@@ -39,6 +39,16 @@ impl Image {
         self
     }
 
+    /// Whether the `len` bytes at `addr` lie inside one segment.
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        self.segments.iter().any(|(base, seg)| {
+            addr >= *base
+                && addr
+                    .checked_add(len as u64)
+                    .is_some_and(|e| e <= *base + seg.len() as u64)
+        })
+    }
+
     /// Writes `bytes` at `addr`, which must lie inside one segment.
     pub fn write(&mut self, addr: u64, bytes: &[u8]) {
         for (base, seg) in &mut self.segments {

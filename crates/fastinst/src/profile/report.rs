@@ -33,6 +33,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+/// The schema name and version this crate writes and reads.
+pub const SCHEMA: &str = "fastinst-profile/1";
+
 /// The report's root.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Report {
@@ -286,9 +289,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 self_ms: ms((total - child_time.get(fi).copied().unwrap_or(0.0)).max(0.0)),
                 mean_us: us(mean[fi]),
                 min_us: us(a.min as f64),
-                p50_us: us(percentile(&a.hist[..], a.n, 0.5)),
-                p90_us: us(percentile(&a.hist[..], a.n, 0.9)),
-                p99_us: us(percentile(&a.hist[..], a.n, 0.99)),
+                // A bucket's midpoint can lie outside the sampled range.
+                p50_us: us(percentile(&a.hist[..], a.n, 0.5).max(a.min as f64).min(a.max as f64)),
+                p90_us: us(percentile(&a.hist[..], a.n, 0.9).max(a.min as f64).min(a.max as f64)),
+                p99_us: us(percentile(&a.hist[..], a.n, 0.99).max(a.min as f64).min(a.max as f64)),
                 max_us: us(a.max as f64),
                 threads: tids,
             }
@@ -324,7 +328,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let samples = c.samples.load(Ordering::Relaxed);
     let toggles = c.toggles.load(Ordering::Relaxed);
     Report {
-        schema: "fastinst-profile/1".into(),
+        schema: SCHEMA.into(),
         program: p.program.clone(),
         pid: std::process::id(),
         wall_ms: wall_ns / 1e6,

@@ -1,0 +1,183 @@
+//! `fastinst report`: a saved JSON profile rendered again.
+
+use crate::args::{Args, Item};
+use crate::error::{CliError, Result};
+use fastinst::profile::report::{self, Report, SCHEMA};
+use std::path::{Path, PathBuf};
+
+/// Usage text.
+pub const USAGE: &str = "\
+usage: fastinst report [options] FILE.json
+
+Reads a profile saved by the profiler (fastinst-profile.<pid>.json, schema
+fastinst-profile/1) and renders it again: the text table (default), folded
+stacks, the flame graph, or the JSON itself.
+
+options:
+  --format F        what to print: text (default), folded, svg, json
+  -o, --output PATH write it to PATH instead of stdout
+  --svg PATH        also write the flame graph to PATH
+  -h, --help        this text
+";
+
+/// What to render.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The table sorted by time.
+    Text,
+    /// `a;b;c weight` lines.
+    Folded,
+    /// The flame graph.
+    Svg,
+    /// The JSON, pretty-printed.
+    Json,
+}
+
+/// A parsed `fastinst report`.
+#[derive(Debug, PartialEq)]
+pub struct ReportArgs {
+    /// The JSON report.
+    pub file: PathBuf,
+    /// `--format`.
+    pub format: Format,
+    /// `--output`.
+    pub output: Option<PathBuf>,
+    /// `--svg`.
+    pub svg: Option<PathBuf>,
+}
+
+/// Parses the arguments of `fastinst report`; `None` for `--help`.
+pub fn parse(argv: &[String]) -> Result<Option<ReportArgs>> {
+    let mut a = Args::new("report", argv);
+    let (mut file, mut format, mut output, mut svg) = (None, Format::Text, None, None);
+    while let Some(item) = a.next_item() {
+        match item {
+            Item::Opt("-h" | "--help", _) => return Ok(None),
+            Item::Opt(n @ "--format", i) => {
+                format = match a.value(n, i)? {
+                    "text" => Format::Text,
+                    "folded" => Format::Folded,
+                    "svg" => Format::Svg,
+                    "json" => Format::Json,
+                    other => return Err(a.usage(format!("{n}: `{other}` is not one of text, folded, svg, json"))),
+                }
+            }
+            Item::Opt(n @ ("-o" | "--output"), i) => output = Some(PathBuf::from(a.value(n, i)?)),
+            Item::Opt(n @ "--svg", i) => svg = Some(PathBuf::from(a.value(n, i)?)),
+            Item::Opt(other, _) => return Err(a.unknown(other)),
+            Item::Positional(p) if file.is_none() => file = Some(PathBuf::from(p)),
+            Item::Positional(p) => return Err(a.usage(format!("one report at a time (`{p}` is a second)"))),
+            Item::EndOfOptions => {
+                if let [p] = a.remaining() {
+                    file = Some(PathBuf::from(p));
+                }
+            }
+        }
+    }
+    let file = file.ok_or_else(|| a.usage("no report file given (fastinst report FILE.json)"))?;
+    Ok(Some(ReportArgs {
+        file,
+        format,
+        output,
+        svg,
+    }))
+}
+
+/// Reads and checks a saved report.
+pub fn load(path: &Path) -> Result<Report> {
+    let text = std::fs::read_to_string(path).map_err(CliError::io(path))?;
+    let bad = |problem: String| CliError::BadFile {
+        path: path.into(),
+        problem,
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    match value.get("schema").and_then(|s| s.as_str()) {
+        Some(SCHEMA) => {}
+        Some(other) => return Err(bad(format!("schema `{other}`; this fastinst reads `{SCHEMA}`"))),
+        None => return Err(bad(format!("not a fastinst profile (no `schema`: `{SCHEMA}` field)"))),
+    }
+    serde_json::from_value(value).map_err(|e| bad(format!("a {SCHEMA} report with a bad field: {e}")))
+}
+
+/// Renders `r` as `format`.
+pub fn render(r: &Report, format: Format, path: &Path) -> Result<String> {
+    Ok(match format {
+        Format::Text => report::render_text(r),
+        Format::Folded => report::render_folded(r),
+        Format::Svg => report::render_svg(r).map_err(|problem| CliError::BadFile {
+            path: path.into(),
+            problem: format!("cannot draw the flame graph: {problem}"),
+        })?,
+        Format::Json => serde_json::to_string_pretty(r).expect("a Report always serialises") + "\n",
+    })
+}
+
+/// Runs `fastinst report`.
+pub fn run(a: &ReportArgs) -> Result<()> {
+    let r = load(&a.file)?;
+    if let Some(svg) = &a.svg {
+        let text = render(&r, Format::Svg, &a.file)?;
+        if text.is_empty() {
+            eprintln!("fastinst: {}: no sampled stacks, so no flame graph", a.file.display());
+        } else {
+            std::fs::write(svg, text).map_err(CliError::io(svg))?;
+            eprintln!("fastinst: flame graph: {}", svg.display());
+        }
+    }
+    let text = render(&r, a.format, &a.file)?;
+    match &a.output {
+        Some(p) => std::fs::write(p, text).map_err(CliError::io(p)),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_formats_and_outputs() {
+        let r = parse(&v(&["--format", "folded", "-o", "x.folded", "--svg=g.svg", "p.json"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.format, Format::Folded);
+        assert_eq!(r.output.as_deref(), Some(Path::new("x.folded")));
+        assert_eq!(r.svg.as_deref(), Some(Path::new("g.svg")));
+        assert_eq!(r.file, Path::new("p.json"));
+        assert!(parse(&v(&["--format", "pdf", "p.json"])).is_err());
+        assert!(parse(&v(&[])).unwrap_err().to_string().contains("no report file"));
+    }
+
+    #[test]
+    fn files_that_are_not_reports_are_named_with_the_problem() {
+        let dir = std::env::temp_dir().join(format!("fastinst-cli-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases = [
+            ("a.json", "{\"x\": 1", "not JSON"),
+            ("b.json", "{\"x\": 1}", "not a fastinst profile"),
+            (
+                "c.json",
+                "{\"schema\": \"fastinst-profile/9\"}",
+                "schema `fastinst-profile/9`",
+            ),
+            ("d.json", "{\"schema\": \"fastinst-profile/1\"}", "bad field"),
+        ];
+        for (name, text, want) in cases {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            let e = load(&p).unwrap_err().to_string();
+            assert!(e.starts_with(&p.display().to_string()), "{e}");
+            assert!(e.contains(want), "{e}");
+        }
+        let missing = load(&dir.join("none.json")).unwrap_err().to_string();
+        assert!(missing.contains("none.json: No such file"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,276 @@
+//! `fastinst run`: a program under `LD_PRELOAD=libfastinst.so`.
+
+use crate::args::{Args, Item};
+use crate::error::{CliError, Result};
+use crate::library;
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Usage text.
+pub const USAGE: &str = "\
+usage: fastinst run [options] [--] PROGRAM [ARGS...]
+
+Runs PROGRAM (built with -finstrument-functions) with libfastinst.so
+preloaded and the options below passed in its environment. PROGRAM's
+stdin, stdout and stderr are its own; the exit status is PROGRAM's, or
+128+N if signal N killed it. Reports are named by pid (fastinst-profile.
+<pid>.{txt,json,folded,svg}) and one line on stderr says where they are.
+
+options:
+  --tool T          profile (default: the latency profiler), count, off
+                    (every probe off: the floor of the build), none
+  --out DIR         directory for the reports (created; default: .)
+  --samples K       profiler: samples per function per window (default 10)
+  --epoch-ms MS     profiler: re-activation period (default 10)
+  --signal SIG      profiler: USR1, USR2 or a number; write the reports
+                    whenever PROGRAM receives it
+  --strategy S      flip (default), paper, word-sync, word-async
+  --client PATH     a client library to load (FASTINST_CLIENT)
+  --log LEVEL       error, warn (default), info, debug
+  --lib PATH        the libfastinst.so to preload (default: $FASTINST_LIB,
+                    else beside this binary)
+  --print           after PROGRAM exits, print its text report on stderr
+  -h, --help        this text
+";
+
+/// A parsed `fastinst run`.
+#[derive(Debug, Default, PartialEq)]
+pub struct RunArgs {
+    /// `FASTINST_*` variables to set, in order.
+    pub env: Vec<(&'static str, String)>,
+    /// `--lib`.
+    pub lib: Option<PathBuf>,
+    /// `--out`.
+    pub out: Option<PathBuf>,
+    /// The tool (for `--print`).
+    pub tool: String,
+    /// `--print`.
+    pub print: bool,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+}
+
+fn one_of(a: &Args, name: &str, v: &str, allowed: &[&str]) -> Result<String> {
+    if allowed.contains(&v) {
+        Ok(v.to_string())
+    } else {
+        Err(a.usage(format!("{name}: `{v}` is not one of {}", allowed.join(", "))))
+    }
+}
+
+/// Parses the arguments of `fastinst run`; `None` for `--help`.
+pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
+    let mut a = Args::new("run", argv);
+    let mut r = RunArgs {
+        tool: "profile".into(),
+        ..RunArgs::default()
+    };
+    while let Some(item) = a.next_item() {
+        match item {
+            Item::EndOfOptions => {
+                r.command = a.remaining().to_vec();
+                break;
+            }
+            Item::Positional(p) => {
+                r.command = std::iter::once(p.to_string())
+                    .chain(a.remaining().iter().cloned())
+                    .collect();
+                break;
+            }
+            Item::Opt("-h" | "--help", _) => return Ok(None),
+            Item::Opt("--print", None) => r.print = true,
+            Item::Opt(n @ "--tool", i) => {
+                let v = a.value(n, i)?;
+                r.tool = one_of(&a, n, v, &["profile", "count", "off", "none"])?;
+                r.env.push(("FASTINST_TOOL", r.tool.clone()));
+            }
+            Item::Opt(n @ "--out", i) => r.out = Some(a.value(n, i)?.into()),
+            Item::Opt(n @ "--samples", i) => {
+                let k: u32 = a.parsed(n, i, "a whole number")?;
+                if k < 2 {
+                    return Err(a.usage(format!("{n}: at least 2 samples are needed to estimate a rate")));
+                }
+                r.env.push(("FASTINST_PROFILE_SAMPLES", k.to_string()));
+            }
+            Item::Opt(n @ "--epoch-ms", i) => {
+                let ms: f64 = a.parsed(n, i, "a number of milliseconds")?;
+                if !(ms > 0.0 && ms.is_finite()) {
+                    return Err(a.usage(format!("{n}: the period must be positive")));
+                }
+                r.env.push(("FASTINST_PROFILE_EPOCH_MS", a_value(ms)));
+            }
+            Item::Opt(n @ "--signal", i) => {
+                let v = a.value(n, i)?;
+                let ok = matches!(v, "USR1" | "USR2" | "SIGUSR1" | "SIGUSR2")
+                    || v.parse::<i32>().is_ok_and(|s| (1..=64).contains(&s));
+                if !ok {
+                    return Err(a.usage(format!("{n}: `{v}` is not USR1, USR2 or a signal number")));
+                }
+                r.env
+                    .push(("FASTINST_PROFILE_SIGNAL", v.trim_start_matches("SIG").to_string()));
+            }
+            Item::Opt(n @ "--strategy", i) => {
+                let v = a.value(n, i)?;
+                let s = one_of(&a, n, v, &["flip", "paper", "word-sync", "word-async"])?;
+                r.env.push(("FASTINST_STRATEGY", s));
+            }
+            Item::Opt(n @ "--client", i) => {
+                let v = a.value(n, i)?;
+                let p = Path::new(v).canonicalize().map_err(CliError::io(v))?;
+                r.env.push(("FASTINST_CLIENT", p.display().to_string()));
+            }
+            Item::Opt(n @ "--log", i) => {
+                let v = a.value(n, i)?;
+                let l = one_of(&a, n, v, &["error", "warn", "info", "debug"])?;
+                r.env.push(("FASTINST_LOG", l));
+            }
+            Item::Opt(n @ "--lib", i) => r.lib = Some(a.value(n, i)?.into()),
+            Item::Opt(other, _) => return Err(a.unknown(other)),
+        }
+    }
+    if r.command.is_empty() {
+        return Err(a.usage("no program to run (fastinst run [options] -- PROGRAM [ARGS...])"));
+    }
+    Ok(Some(r))
+}
+
+/// A number as the library reads it (no exponent).
+fn a_value(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Runs it; returns the exit status to pass on.
+pub fn run(r: &RunArgs) -> Result<u8> {
+    let lib = library::find(r.lib.as_deref())?;
+    let mut cmd = Command::new(&r.command[0]);
+    cmd.args(&r.command[1..]);
+    let mut preload = OsString::from(lib.as_os_str());
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    cmd.env("LD_PRELOAD", preload);
+    for (k, v) in &r.env {
+        cmd.env(k, v);
+    }
+    let out_dir = match &r.out {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(CliError::io(d))?;
+            let abs = d.canonicalize().map_err(CliError::io(d))?;
+            cmd.env("FASTINST_OUT", &abs);
+            abs
+        }
+        None => match std::env::var_os("FASTINST_OUT") {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from("."),
+        },
+    };
+    let mut child = cmd.spawn().map_err(|source| CliError::Spawn {
+        program: r.command[0].clone().into(),
+        source,
+    })?;
+    let pid = child.id();
+    // Ctrl-C and Ctrl-\ reach the whole foreground group: the program decides
+    // what they mean, and this process waits to pass on its status (as
+    // system(3) does). Set after the spawn, so the program keeps the default
+    // dispositions.
+    ignore_terminal_signals();
+    let status = child.wait().map_err(CliError::io(&r.command[0]))?;
+    if r.print {
+        print_report(&out_dir, &r.tool, pid);
+    }
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        (None, None) => 1,
+    })
+}
+
+fn ignore_terminal_signals() {
+    for sig in [libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: SIG_IGN installs no handler code; the process is single
+        // threaded here apart from the waiting it is about to do.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+}
+
+fn print_report(dir: &Path, tool: &str, pid: u32) {
+    let name = match tool {
+        "profile" => format!("fastinst-profile.{pid}.txt"),
+        "count" => format!("fastinst-count.{pid}.txt"),
+        _ => return,
+    };
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => eprint!("{text}"),
+        Err(e) => eprintln!(
+            "fastinst: no report at {} ({e}); was the program built with -finstrument-functions?",
+            path.display()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn options_become_environment() {
+        let r = parse(&v(&[
+            "--tool=off",
+            "--samples",
+            "20",
+            "--epoch-ms",
+            "2.5",
+            "--signal",
+            "SIGUSR2",
+            "--strategy",
+            "paper",
+            "./app",
+            "-x",
+            "--tool",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            r.env,
+            vec![
+                ("FASTINST_TOOL", "off".to_string()),
+                ("FASTINST_PROFILE_SAMPLES", "20".into()),
+                ("FASTINST_PROFILE_EPOCH_MS", "2.5".into()),
+                ("FASTINST_PROFILE_SIGNAL", "USR2".into()),
+                ("FASTINST_STRATEGY", "paper".into()),
+            ]
+        );
+        assert_eq!(r.command, v(&["./app", "-x", "--tool"]));
+    }
+
+    #[test]
+    fn bad_options_say_what_is_wrong() {
+        let e = |a: &[&str]| parse(&v(a)).unwrap_err().to_string();
+        assert_eq!(
+            e(&["--tool", "trace", "x"]),
+            "fastinst run: --tool: `trace` is not one of profile, count, off, none"
+        );
+        assert_eq!(
+            e(&["--samples", "1", "x"]),
+            "fastinst run: --samples: at least 2 samples are needed to estimate a rate"
+        );
+        assert!(e(&["--bogus", "x"]).contains("unknown option --bogus"));
+        assert!(e(&["--tool", "off"]).contains("no program to run"));
+        assert!(e(&["--client", "/nonexistent/c.so", "x"]).starts_with("/nonexistent/c.so: "));
+        assert!(parse(&v(&["--help"])).unwrap().is_none());
+    }
+}

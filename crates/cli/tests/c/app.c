@@ -1,0 +1,25 @@
+/* A small instrumented program for the CLI tests: a few functions called
+ * often enough to be sampled, a line of output, and the exit status given
+ * as its first argument. */
+#include <stdio.h>
+#include <stdlib.h>
+
+static volatile long sink;
+
+__attribute__((noinline)) static long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+
+__attribute__((noinline)) static void spin(long n) {
+    for (long i = 0; i < n; i++) sink += i;
+}
+
+__attribute__((noinline)) long work(int round) {
+    spin(2000);
+    return fib(12 + round % 3);
+}
+
+int main(int argc, char **argv) {
+    long total = 0;
+    for (int r = 0; r < 3000; r++) total += work(r);
+    printf("total %ld\n", total);
+    return argc > 1 ? atoi(argv[1]) : 0;
+}

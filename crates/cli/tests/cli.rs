@@ -1,0 +1,236 @@
+//! The `fastinst` command end to end: `sites` agrees with what the runtime
+//! discovers, `run` passes the program's output and exit status through and
+//! leaves the reports, `report` re-renders them byte for byte, and every
+//! error names its file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fastinst(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("FASTINST_LIB")
+        .env_remove("FASTINST_OUT")
+        .output()
+        .expect("fastinst runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastinst-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn have(cc: &str) -> bool {
+    Command::new(cc)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Builds `tests/c/app.c` with `cc flags`; `None` if `cc` is missing.
+fn build(cc: &str, flags: &[&str], dir: &Path, name: &str) -> Option<PathBuf> {
+    if !have(cc) {
+        eprintln!("{cc} not found; skipping its builds");
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/app.c");
+    let out = dir.join(name);
+    let st = Command::new(cc)
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "{cc} {flags:?} failed");
+    Some(out)
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn builds(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut v = Vec::new();
+    let configs: [(&str, &[&str]); 5] = [
+        ("gcc", &["-O2", "-finstrument-functions"]),
+        ("gcc", &["-O0", "-finstrument-functions"]),
+        ("gcc", &["-O2", "-fno-plt", "-finstrument-functions"]),
+        ("clang", &["-O2", "-finstrument-functions-after-inlining"]),
+        ("clang", &["-O1", "-no-pie", "-fno-pie", "-finstrument-functions"]),
+    ];
+    for (i, (cc, flags)) in configs.iter().enumerate() {
+        let name = format!("app{i}");
+        if let Some(p) = build(cc, flags, dir, &name) {
+            v.push((format!("{cc} {}", flags.join(" ")), p));
+        }
+    }
+    v
+}
+
+#[test]
+fn sites_lists_what_the_runtime_discovers() {
+    let dir = scratch("sites");
+    for (what, app) in builds(&dir) {
+        let app_s = app.to_str().unwrap();
+        let listed = fastinst(&["sites", "--json", app_s], &dir);
+        assert!(listed.status.success(), "{what}: {}", text(&listed.stderr));
+        let s: serde_json::Value = serde_json::from_str(&text(&listed.stdout)).unwrap();
+        let sites = s["sites"].as_array().unwrap();
+        assert_eq!(sites.len() as u64, s["sites_total"].as_u64().unwrap());
+        assert_eq!(
+            s["entry"].as_u64().unwrap() + s["exit"].as_u64().unwrap(),
+            s["sites_total"].as_u64().unwrap()
+        );
+        let funcs: std::collections::BTreeSet<&str> = sites.iter().map(|x| x["function"].as_str().unwrap()).collect();
+        for f in ["main", "work"] {
+            assert!(funcs.contains(f), "{what}: no site in {f}: {funcs:?}");
+        }
+        // With an argument every site of this program runs (including those
+        // of an inlined `atoi`), so the runtime discovers exactly the sites
+        // listed.
+        let out = dir.join(format!("out-{}", app.file_name().unwrap().to_str().unwrap()));
+        let run = fastinst(&["run", "--out", out.to_str().unwrap(), "--", app_s, "0"], &dir);
+        assert!(run.status.success(), "{what}: {}", text(&run.stderr));
+        let report = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+            .expect("a JSON report");
+        let probes = json(&report)["overhead"]["probes"].as_u64().unwrap();
+        println!(
+            "{what}: {} sites listed ({} straddling), {probes} discovered",
+            sites.len(),
+            s["straddling"]
+        );
+        assert_eq!(probes, sites.len() as u64, "{what}: listed vs discovered");
+        let summary = fastinst(&["sites", "--summary", app_s], &dir);
+        let t = text(&summary.stdout);
+        assert!(t.contains(&format!("{} sites", sites.len())), "{t}");
+        assert!(t.contains("straddling a 64-byte line:"), "{t}");
+        if what.contains("fno-plt") {
+            assert!(s["forms"]["got"].as_u64().unwrap() > 0, "{what}: {}", s["forms"]);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_passes_output_and_status_through_and_report_re_renders() {
+    let dir = scratch("run");
+    let Some(app) = build("gcc", &["-O2", "-finstrument-functions"], &dir, "app") else {
+        return;
+    };
+    let app_s = app.to_str().unwrap();
+    let plain = Command::new(&app).arg("3").output().unwrap();
+    assert_eq!(plain.status.code(), Some(3));
+    let run = fastinst(&["run", "--out", "reports", "--", app_s, "3"], &dir);
+    assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));
+    assert_eq!(run.stdout, plain.stdout, "the program's stdout is its own");
+    let err = text(&run.stderr);
+    assert_eq!(err.lines().count(), 1, "one line on stderr: {err}");
+    assert!(err.contains("fastinst-profile.") && err.contains("reports/"), "{err}");
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.join("reports"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let find = |ext: &str| {
+        files
+            .iter()
+            .find(|p| p.extension().is_some_and(|e| e == ext))
+            .unwrap_or_else(|| panic!("no .{ext} report in {files:?}"))
+    };
+    let (jsonp, txt, folded, svg) = (find("json"), find("txt"), find("folded"), find("svg"));
+    let pid = json(jsonp)["pid"].as_u64().unwrap();
+    assert!(jsonp
+        .to_str()
+        .unwrap()
+        .ends_with(&format!("fastinst-profile.{pid}.json")));
+    let j = jsonp.to_str().unwrap();
+    // Re-rendered from the JSON: the same text and stacks as written at exit.
+    let again = fastinst(&["report", j], &dir);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), std::fs::read_to_string(txt).unwrap());
+    let again = fastinst(&["report", "--format", "folded", j], &dir);
+    assert_eq!(text(&again.stdout), std::fs::read_to_string(folded).unwrap());
+    let again = fastinst(&["report", "--svg", "again.svg", "-o", "again.txt", j], &dir);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("again.svg")).unwrap(),
+        std::fs::read_to_string(svg).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("again.txt")).unwrap(),
+        std::fs::read_to_string(txt).unwrap()
+    );
+    // A program killed by a signal: 128 + N, as a shell reports it.
+    let killed = fastinst(&["run", "--tool", "off", "--", "sh", "-c", "kill -TERM $$"], &dir);
+    assert_eq!(killed.status.code(), Some(128 + 15));
+    // --print shows the text report after the program's own output.
+    let printed = fastinst(&["run", "--out", "p", "--print", "--", app_s], &dir);
+    assert!(
+        text(&printed.stderr).contains("calls(est)"),
+        "{}",
+        text(&printed.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn errors_name_the_file_and_the_problem() {
+    let dir = scratch("errors");
+    std::fs::write(dir.join("notes.txt"), "not a program").unwrap();
+    std::fs::write(dir.join("other.json"), "{\"schema\": \"something/2\"}").unwrap();
+    let cases: [(&[&str], i32, &str); 9] = [
+        (&["sites", "notes.txt"], 1, "notes.txt: not a readable ELF file"),
+        (&["sites", "missing"], 1, "missing: No such file"),
+        (&["sites", "/bin/sh"], 1, "/bin/sh: no probe sites"),
+        (&["report", "notes.txt"], 1, "notes.txt: not JSON"),
+        (&["report", "other.json"], 1, "other.json: schema `something/2`"),
+        (
+            &["run", "--", "./missing-program"],
+            1,
+            "./missing-program: cannot run it",
+        ),
+        (&["run", "--lib", "nolib.so", "--", "true"], 1, "nolib.so: No such file"),
+        (
+            &["run", "--strategy", "fast", "true"],
+            2,
+            "--strategy: `fast` is not one of",
+        ),
+        (&["frobnicate"], 2, "no command `frobnicate`"),
+    ];
+    for (args, code, want) in cases {
+        let o = fastinst(args, &dir);
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {e}");
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn every_command_has_help() {
+    let dir = std::env::temp_dir();
+    let top = fastinst(&["help"], &dir);
+    assert!(top.status.success());
+    for cmd in ["run", "report", "sites", "calibrate"] {
+        assert!(text(&top.stdout).contains(cmd));
+        let o = fastinst(&[cmd, "--help"], &dir);
+        assert!(o.status.success(), "{cmd}");
+        assert!(
+            text(&o.stdout).starts_with(&format!("usage: fastinst {cmd}")),
+            "{cmd}: {}",
+            text(&o.stdout)
+        );
+        let o = fastinst(&["help", cmd], &dir);
+        assert!(text(&o.stdout).starts_with(&format!("usage: fastinst {cmd}")));
+    }
+}

@@ -1,0 +1,171 @@
+//! Probe sites of an ELF file on disk, found without running it.
+//!
+//! The run-time recognisers ([`call_site_at`], [`tail_sites`]) read code
+//! through [`Memory`]; here they read an [`Image`] of the file's loadable
+//! segments instead, so a listing shows exactly the sites the runtime would
+//! recognise. What the dynamic linker would have done is stood in for: every
+//! GOT slot that a relocation binds to `__cyg_profile_func_enter` or
+//! `_exit` is filled with a stand-in hook address that no code can reach
+//! otherwise, so PLT stubs and `-fno-plt` slots resolve to "the hook" just as
+//! they do in a running process. A file that defines the hooks itself (a
+//! static link) uses the symbols' own addresses.
+//!
+//! Addresses are the file's virtual addresses. A PIE or shared object is
+//! moved by a page-aligned load bias at run time, which keeps every offset
+//! within a 64-byte line, so a site's straddle split is the same here as in
+//! the process.
+
+use crate::decode::{Step, Stream};
+use crate::elf::{ElfError, SymbolTable};
+use crate::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks};
+use crate::memory::Image;
+use goblin::elf::{program_header::PT_LOAD, reloc, Elf};
+use iced_x86::FlowControl;
+
+/// The hook symbols a `-finstrument-functions` build calls.
+const ENTER: &str = "__cyg_profile_func_enter";
+const EXIT: &str = "__cyg_profile_func_exit";
+
+/// Stand-in addresses for hooks that live in another module: in the
+/// non-canonical hole, so no rel32 target and no real GOT value equals them.
+const STAND_IN_ENTER: u64 = 0x8000_0000_0000_1000;
+const STAND_IN_EXIT: u64 = 0x8000_0000_0000_2000;
+
+/// One recognised site and the function whose bytes hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileSite {
+    /// The site (addresses are the file's virtual addresses).
+    pub site: HookSite,
+    /// The demangled name of the function symbol containing the site. For a
+    /// site of an inlined function this is the function it was inlined into.
+    pub function: String,
+    /// That function's first byte.
+    pub function_start: u64,
+}
+
+/// Everything [`sites_in_elf`] found.
+#[derive(Clone, Debug, Default)]
+pub struct FileSites {
+    /// Recognised sites in address order.
+    pub sites: Vec<FileSite>,
+    /// Function symbols examined (those with a size).
+    pub functions: usize,
+    /// Whether the file calls or defines either hook at all.
+    pub has_hooks: bool,
+    /// Function symbols whose bodies stopped decoding before their end (data
+    /// in code); sites after that point are not listed.
+    pub undecodable: Vec<String>,
+}
+
+/// The `-finstrument-functions` probe sites of the ELF file `bytes`.
+pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
+    let elf = Elf::parse(bytes)?;
+    let mut image = Image::new();
+    for ph in elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD) {
+        let start = ph.p_offset as usize;
+        let file_end = start.saturating_add(ph.p_filesz as usize).min(bytes.len());
+        let mut seg = bytes.get(start..file_end).unwrap_or(&[]).to_vec();
+        seg.resize(ph.p_memsz.max(ph.p_filesz) as usize, 0);
+        image = image.with(ph.p_vaddr, seg);
+    }
+    let (hooks, has_hooks) = bind_hooks(&elf, &mut image);
+    let symbols = SymbolTable::from_elf(bytes, 0)?;
+    let mut out = FileSites {
+        has_hooks,
+        ..FileSites::default()
+    };
+    for f in symbols.iter().filter(|f| f.size > 0) {
+        out.functions += 1;
+        if !has_hooks {
+            continue;
+        }
+        let mut found: Vec<HookSite> = Vec::new();
+        let mut stream = Stream::new(&image, f.start, f.end());
+        for step in stream.by_ref() {
+            let Step::Insn(i) = step else { continue };
+            if !matches!(i.flow_control(), FlowControl::Call | FlowControl::IndirectCall) {
+                continue;
+            }
+            for kind in [HookKind::Enter, HookKind::Exit] {
+                if let Ok(site) = call_site_at(&image, &hooks, kind, i.next_ip()) {
+                    if site.addr == i.ip() {
+                        found.push(site);
+                    }
+                }
+            }
+        }
+        if stream.failed() {
+            out.undecodable.push(f.name.clone());
+        }
+        found.extend(tail_sites(&image, &hooks, f.start, f.end()));
+        found.sort_by_key(|s| s.addr);
+        out.sites.extend(found.into_iter().map(|site| FileSite {
+            site,
+            function: f.name.clone(),
+            function_start: f.start,
+        }));
+    }
+    Ok(out)
+}
+
+/// The hooks' addresses as the file's code sees them: defined symbols, or
+/// stand-ins written into every GOT slot a relocation binds to a hook.
+fn bind_hooks(elf: &Elf, image: &mut Image) -> (Hooks, bool) {
+    let mut hooks = Hooks {
+        enter: STAND_IN_ENTER,
+        exit: STAND_IN_EXIT,
+    };
+    let mut seen = false;
+    for (syms, strs) in [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)] {
+        for s in syms.iter().filter(|s| s.st_shndx != 0 && s.st_value != 0) {
+            match strs.get_at(s.st_name) {
+                Some(ENTER) => (hooks.enter, seen) = (s.st_value, true),
+                Some(EXIT) => (hooks.exit, seen) = (s.st_value, true),
+                _ => {}
+            }
+        }
+    }
+    let relocs = elf
+        .pltrelocs
+        .iter()
+        .chain(elf.dynrelas.iter())
+        .chain(elf.dynrels.iter());
+    for r in relocs {
+        if !matches!(
+            r.r_type,
+            reloc::R_X86_64_JUMP_SLOT | reloc::R_X86_64_GLOB_DAT | reloc::R_X86_64_64
+        ) {
+            continue;
+        }
+        let Some(sym) = elf.dynsyms.get(r.r_sym) else { continue };
+        let value = match elf.dynstrtab.get_at(sym.st_name) {
+            Some(ENTER) => hooks.enter,
+            Some(EXIT) => hooks.exit,
+            _ => continue,
+        };
+        seen = true;
+        if image.contains(r.r_offset, 8) {
+            image.write(r.r_offset, &value.to_le_bytes());
+        }
+    }
+    (hooks, seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_is_not_elf_is_an_error() {
+        assert!(sites_in_elf(b"#!/bin/sh\necho hi\n").is_err());
+    }
+
+    #[test]
+    fn this_test_binary_has_no_hooks() {
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let s = sites_in_elf(&me).unwrap();
+        assert!(!s.has_hooks);
+        assert!(s.sites.is_empty());
+        assert!(s.functions > 100);
+    }
+}
