@@ -191,3 +191,88 @@ fn four_threads_pair_and_attribute_correctly() {
     assert!(r.functions.iter().any(|f| f.name == "leaf" && f.threads.len() >= 2));
     let _ = t;
 }
+
+/// `tests/c/jumps.c`: `longjmp` out of instrumented recursion, and
+/// instrumented calls inside a signal handler that interrupts instrumented
+/// code. The frames `longjmp` skips are dropped and counted; the steady
+/// function beside them is still estimated within 10%; the handler's calls
+/// are sampled; and no edge or flame-graph step joins two functions that
+/// were not caller and callee (the handler's frame sits on top of the
+/// interrupted one, but the signal frame between them is a gap).
+#[test]
+fn longjmp_and_signal_handlers_pair_without_inventing_paths() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("jumps");
+    let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+    build("gcc", &[&src("jumps.c")], &["-O2"], &plain);
+    build("gcc", &[&src("jumps.c")], &["-O2", "-finstrument-functions"], &inst);
+    let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
+    let out = dir.join("out");
+    let o = run(&inst, &[], &dir, true, &[("FASTINST_OUT", out.to_str().unwrap())]);
+    let got = ok_stdout(&o, "profiled");
+    assert_eq!(got, want, "the program's output changed under the profiler");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let signals: f64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("signals "))
+        .expect("signals line")
+        .parse()
+        .unwrap();
+    let r = report(&out);
+    println!("{}", fastinst::profile::report::render_text(&r));
+    let f = |n: &str| {
+        r.functions
+            .iter()
+            .find(|f| f.name == n)
+            .unwrap_or_else(|| panic!("{n} missing"))
+    };
+    assert!(
+        r.overhead.abandoned_frames > 0,
+        "thrower activations skipped by longjmp are dropped and counted"
+    );
+    within("after calls", f("after").calls_estimated, 20000.0, 0.10);
+    within("after p50 us", f("after").p50_us, 20.0, 0.10);
+    within("catcher calls", f("catcher").calls_estimated, 20000.0, 0.10);
+    assert!(signals > 100.0, "the timer fired: {signals}");
+    assert!(f("in_handler").calls_sampled > 0 && f("on_signal").calls_sampled > 0);
+    // now_ns is inlined into spin_us: its hooks pass spin_us's return
+    // address (in after), but the edge must name spin_us.
+    const CALLS: [(&str, &str); 7] = [
+        ("main", "catcher"),
+        ("main", "after"),
+        ("catcher", "thrower"),
+        ("thrower", "thrower"),
+        ("after", "spin_us"),
+        ("spin_us", "now_ns"),
+        ("on_signal", "in_handler"),
+    ];
+    const FUNCS: [&str; 8] = [
+        "main",
+        "catcher",
+        "thrower",
+        "after",
+        "spin_us",
+        "now_ns",
+        "on_signal",
+        "in_handler",
+    ];
+    let calls: HashSet<(&str, &str)> = CALLS.into_iter().collect();
+    for e in &r.edges {
+        if FUNCS.contains(&e.caller.as_str()) {
+            assert!(
+                calls.contains(&(e.caller.as_str(), e.callee.as_str())),
+                "edge {} -> {} did not happen",
+                e.caller,
+                e.callee
+            );
+        }
+    }
+    for s in &r.stacks {
+        for w in s.frames.windows(2) {
+            let (a, b) = (w[0].as_str(), w[1].as_str());
+            if FUNCS.contains(&a) && FUNCS.contains(&b) {
+                assert!(calls.contains(&(a, b)), "stack {:?} joins {a} -> {b}", s.frames);
+            }
+        }
+    }
+}

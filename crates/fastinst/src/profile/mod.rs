@@ -27,7 +27,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use thread::{Agg, Frame, Shadow, MAX_DEPTH};
+pub use thread::MAX_STACKS;
+use thread::{Agg, Frame, Shadow, GAP, MAX_DEPTH};
 use wordpatch::tsc;
 
 /// Profiler settings, from the environment.
@@ -101,6 +102,7 @@ pub(crate) struct Counters {
     pub too_deep: AtomicU64,
     pub no_cfa: AtomicU64,
     pub no_thread: AtomicU64,
+    pub stacks_merged: AtomicU64,
 }
 
 /// A thread's store: its shadow stack (owner only) and aggregates.
@@ -215,6 +217,40 @@ fn func_of(p: &'static Profiler, id: ProbeId) -> Option<(&'static Func, u32)> {
     Some((p.funcs.get(fi)?, fi))
 }
 
+/// Where an activation of `f` entered through probe `id` was called from:
+/// the return address, unless the probe is a copy of `f` inlined into
+/// another function, whose hooks pass *that* function's return address;
+/// then the hook site itself, which lies in the function it was inlined
+/// into (so `spin_us -> now_ns`, not `after -> now_ns`).
+/// 0 while `f`'s extent is unknown (`Frame::from`).
+#[inline]
+fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
+    match f.is_inlined_site(registry::get(id).map_or(0, |probe| probe.meta.site)) {
+        Some(true) => registry::get(id).map_or(0, |probe| probe.meta.site as u64),
+        Some(false) => ret,
+        None => 0,
+    }
+}
+
+/// Pops the frames that cannot be live below an activation whose CFA is
+/// `cfa` and whose return address is `caller`: a live caller's CFA is
+/// higher, and the one activation at a given CFA has one return address
+/// (an inlined function's hooks share both with the function they are
+/// inlined into). What is popped was left by `longjmp`, an exception, or an
+/// exit that was not seen; it is dropped and counted.
+fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64) {
+    while let Some(top) = sh.frames.last() {
+        if top.cfa > cfa || (top.cfa == cfa && top.caller == caller) {
+            break;
+        }
+        if let Some(g) = p.funcs.get(top.func) {
+            g.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
+        p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+        sh.frames.pop();
+    }
+}
+
 extern "C" fn on_entry(id: ProbeId) {
     let t_in = tsc::now();
     let Some(p) = get() else { return };
@@ -237,6 +273,7 @@ extern "C" fn on_entry(id: ProbeId) {
         return;
     };
     let pushed = with_local(|_, sh| {
+        pop_dead(p, sh, cfa, ctx.call_site as u64);
         if sh.frames.len() >= MAX_DEPTH {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
             return;
@@ -247,6 +284,8 @@ extern "C" fn on_entry(id: ProbeId) {
             func: fi,
             cfa,
             caller: ctx.call_site as u64,
+            from: called_from(f, id, ctx.call_site as u64),
+            entry: id,
             t0,
             child: 0,
         });
@@ -261,31 +300,34 @@ extern "C" fn on_exit(id: ProbeId) {
     let t = tsc::now();
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
+    // The common case once the quota is filled: nothing sampled is in
+    // flight, so this probe has no more work until the next window; it goes
+    // off before the frame search.
+    if f.exhausted.load(Ordering::Acquire) && f.outstanding.load(Ordering::Acquire) <= 0 {
+        p.counters.unmatched_exits.fetch_add(1, Ordering::Relaxed);
+        if crate::deactivate(id).is_ok() {
+            p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+        }
+        p.counters.handler_ticks.fetch_add(tsc::now() - t, Ordering::Relaxed);
+        return;
+    }
     let ctx = crate::hooks::context();
     let Some(cfa) = cfa(ctx) else {
         p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
         return;
     };
     let r = with_local(|store, sh| {
-        while let Some(top) = sh.frames.last() {
-            if top.cfa >= cfa {
-                break;
-            }
-            if let Some(g) = p.funcs.get(top.func) {
-                g.outstanding.fetch_sub(1, Ordering::Relaxed);
-            }
-            p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            sh.frames.pop();
-        }
+        pop_dead(p, sh, cfa, ctx.call_site as u64);
         match sh.frames.last() {
             Some(top) if top.cfa == cfa && top.func == fi => {}
             _ => {
                 p.counters.unmatched_exits.fetch_add(1, Ordering::Relaxed);
                 // An exit of a call entered before the window or through
-                // another copy: once nothing sampled is in flight, this
-                // probe has no more work until the next window.
+                // another copy: once nothing sampled is in flight, or the
+                // window's budget of such exits is spent, this probe has no
+                // more work until the next window.
                 if f.exhausted.load(Ordering::Acquire)
-                    && f.outstanding.load(Ordering::Acquire) <= 0
+                    && (f.outstanding.load(Ordering::Acquire) <= 0 || f.unmatched_over_budget())
                     && crate::deactivate(id).is_ok()
                 {
                     p.counters.toggles.fetch_add(1, Ordering::Relaxed);
@@ -293,12 +335,15 @@ extern "C" fn on_exit(id: ProbeId) {
                 return;
             }
         }
-        let done = sh.frames.pop().expect("checked above");
+        let mut done = sh.frames.pop().expect("checked above");
+        if done.from == 0 {
+            done.from = called_from(f, done.entry, done.caller);
+        }
         let dur = t.saturating_sub(done.t0);
         if let Some(parent) = sh.frames.last_mut() {
             if p.funcs
                 .get(parent.func)
-                .is_some_and(|pf| pf.contains(done.caller as usize))
+                .is_some_and(|pf| pf.contains(done.from as usize))
             {
                 parent.child += dur;
             }
@@ -307,17 +352,32 @@ extern "C" fn on_exit(id: ProbeId) {
         {
             let mut agg = store.agg.lock();
             agg.fns.entry(fi).or_default().record(dur);
-            let e = agg.edges.entry((done.caller, fi)).or_default();
-            e.0 += 1;
-            e.1 += dur;
+            // An edge needs to know its caller; before the function's
+            // extent is known (its first epoch) the sample has none.
+            if done.from != 0 {
+                let e = agg.edges.entry((done.from, fi)).or_default();
+                e.0 += 1;
+                e.1 += dur;
+            }
             let self_ticks = dur.saturating_sub(done.child);
-            match agg.stacks.get_mut(sh.path.as_slice()) {
+            let short = [GAP, u64::from(fi)];
+            let key = if agg.stacks.len() < MAX_STACKS || agg.stacks.contains_key(sh.path.as_slice()) {
+                sh.path.as_slice()
+            } else {
+                // A thread's distinct paths are bounded (an interpreter's
+                // recursion makes hundreds of thousands, and the reports
+                // grew to 90 MB): past the bound, a new path is kept as
+                // `[...];function`, which claims no caller.
+                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
+                &short[..]
+            };
+            match agg.stacks.get_mut(key) {
                 Some(s) => {
                     s.0 += 1;
                     s.1 += self_ticks;
                 }
                 None => {
-                    agg.stacks.insert(sh.path.clone().into_boxed_slice(), (1, self_ticks));
+                    agg.stacks.insert(key.to_vec().into_boxed_slice(), (1, self_ticks));
                 }
             }
         }
@@ -532,6 +592,7 @@ pub(crate) fn fork_child() {
         &counters.too_deep,
         &counters.no_cfa,
         &counters.no_thread,
+        &counters.stacks_merged,
     ] {
         c.store(0, Ordering::Relaxed);
     }

@@ -17,7 +17,8 @@
 //! JSON schema `fastinst-profile/1`: `{schema, program, pid, wall_ms,
 //! tsc_mhz, settings: {samples_per_window, epoch_ms}, overhead: {probes,
 //! functions, samples, samples_per_s, toggles, toggles_per_s, handler_ms,
-//! unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread},
+//! unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread,
+//! stacks_merged},
 //! functions: [{name, address, calls_sampled, calls_estimated, total_ms,
 //! self_ms, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
@@ -98,6 +99,10 @@ pub struct Overhead {
     pub no_cfa: u64,
     /// Hooks on a thread that was exiting (dropped).
     pub no_thread: u64,
+    /// Samples whose call path was new after a thread's path table was
+    /// full ([`super::MAX_STACKS`]): kept as `[...];function`.
+    #[serde(default)]
+    pub stacks_merged: u64,
 }
 
 /// One function.
@@ -350,6 +355,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             too_deep: c.too_deep.load(Ordering::Relaxed),
             no_cfa: c.no_cfa.load(Ordering::Relaxed),
             no_thread: c.no_thread.load(Ordering::Relaxed),
+            stacks_merged: c.stacks_merged.load(Ordering::Relaxed),
         },
         functions,
         edges: edges_out,
@@ -392,6 +398,14 @@ pub fn render_text(r: &Report) -> String {
         "dropped: {} exits whose entry was not sampled, {} activations left without exit, {} too deep, {} without frame, {} on exiting threads",
         o.unmatched_exits, o.abandoned_frames, o.too_deep, o.no_cfa, o.no_thread
     );
+    if o.stacks_merged > 0 {
+        let _ = writeln!(
+            s,
+            "call paths: {} samples past the table's {} distinct paths per thread are shown as [...];function",
+            o.stacks_merged,
+            super::MAX_STACKS
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,

@@ -51,6 +51,15 @@ pub(crate) struct Frame {
     pub cfa: u64,
     /// Its return address, in the caller.
     pub caller: u64,
+    /// Where it was called from, for edges and paths: the return address,
+    /// or for a copy inlined into another function (whose hooks pass that
+    /// function's return address) the hook site, which lies in the
+    /// function it was inlined into. 0 while the function's extent is not
+    /// yet known (its first epoch): paths then show a gap there, and the
+    /// exit works it out from `entry` if it can by then.
+    pub from: u64,
+    /// The entry probe it came through.
+    pub entry: u32,
     /// Entry time (TSC).
     pub t0: u64,
     /// Ticks spent in sampled direct children.
@@ -127,6 +136,9 @@ pub(crate) struct Shadow {
     pub path: Vec<u64>,
 }
 
+/// Distinct call paths kept per thread; see `stacks_merged` in the report.
+pub const MAX_STACKS: usize = 4096;
+
 impl Shadow {
     pub(crate) fn new() -> Shadow {
         Shadow {
@@ -150,12 +162,15 @@ impl Shadow {
             self.path.push(GAP);
         }
         for fr in chain {
-            let direct = prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.caller as usize)));
+            let direct =
+                fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
             if !direct {
-                if prev.is_some() {
+                if prev.is_some() || fr.from == 0 {
                     self.path.push(GAP);
                 }
-                self.path.push(CALLER_TAG | fr.caller);
+                if fr.from != 0 {
+                    self.path.push(CALLER_TAG | fr.from);
+                }
             }
             self.path.push(fr.func as u64);
             prev = Some(fr);

@@ -1,0 +1,177 @@
+//! `fastinst-table3`: the latency profiler on real programs (the paper's
+//! Table 3) on this machine. See the `fastinst_benches` crate.
+
+use fastinst_benches::programs::{build_all, Compiler, Program, PROGRAMS};
+use fastinst_benches::table3::{measure_row, render_markdown, Options};
+use fastinst_benches::{sources, EvalError, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: fastinst-table3 [options]
+
+The latency profiler on real programs (bzip2, QuickJS, SQLite; sources from
+crates.io via cargo), each built with gcc -finstrument-functions and clang
+-finstrument-functions-after-inlining, against the plain build, the build
+as compiled, and the all-off floor, in the same run. Prints a Markdown table.
+
+options:
+  --quick             3 rounds, all-on in 1 (default: 7 rounds, all-on in 1)
+  --rounds N          measured rounds (one warm-up round comes first)
+  --all-on-rounds N   rounds that include the all-on configuration (0: none)
+  --programs LIST     subset of bzip2,quickjs,sqlite
+  --compilers LIST    subset of gcc,clang
+  --work DIR          builds and scratch (default: target/fastinst-eval)
+  --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
+  --json PATH         also write every run as JSON
+  -h, --help          this text
+";
+
+struct Args {
+    rounds: usize,
+    all_on_rounds: usize,
+    programs: Vec<Program>,
+    compilers: Vec<Compiler>,
+    work: PathBuf,
+    lib: Option<PathBuf>,
+    json: Option<PathBuf>,
+}
+
+fn parse(argv: &[String]) -> Result<Option<Args>> {
+    let mut a = Args {
+        rounds: 7,
+        all_on_rounds: 1,
+        programs: PROGRAMS.to_vec(),
+        compilers: vec![Compiler::Gcc, Compiler::Clang],
+        work: PathBuf::from("target/fastinst-eval"),
+        lib: None,
+        json: None,
+    };
+    let mut it = argv.iter();
+    let usage = |m: String| EvalError::Usage(m);
+    while let Some(opt) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| usage(format!("{opt} needs a value")));
+        let number = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| usage(format!("{opt}: `{v}` is not a number")))
+        };
+        match opt.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--quick" => (a.rounds, a.all_on_rounds) = (3, 1),
+            "--rounds" => a.rounds = number(value()?)?.max(1),
+            "--all-on-rounds" => a.all_on_rounds = number(value()?)?,
+            "--work" => a.work = value()?.into(),
+            "--lib" => a.lib = Some(value()?.into()),
+            "--json" => a.json = Some(value()?.into()),
+            "--programs" => {
+                a.programs = value()?
+                    .split(',')
+                    .map(|p| {
+                        PROGRAMS
+                            .into_iter()
+                            .find(|x| x.name() == p)
+                            .ok_or_else(|| usage(format!("--programs: no program `{p}`")))
+                    })
+                    .collect::<Result<_>>()?
+            }
+            "--compilers" => {
+                a.compilers = value()?
+                    .split(',')
+                    .map(|c| match c {
+                        "gcc" => Ok(Compiler::Gcc),
+                        "clang" => Ok(Compiler::Clang),
+                        _ => Err(usage(format!("--compilers: `{c}` is not gcc or clang"))),
+                    })
+                    .collect::<Result<_>>()?
+            }
+            other => return Err(usage(format!("unknown option {other}"))),
+        }
+    }
+    a.all_on_rounds = a.all_on_rounds.min(a.rounds);
+    Ok(Some(a))
+}
+
+fn run(a: Args) -> Result<()> {
+    let lib = fastinst_cli::library::find(a.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
+    std::fs::create_dir_all(&a.work).map_err(|source| EvalError::Io {
+        path: a.work.clone(),
+        source,
+    })?;
+    let work = a.work.canonicalize().map_err(|source| EvalError::Io {
+        path: a.work.clone(),
+        source,
+    })?;
+    let compilers: Vec<Compiler> = a
+        .compilers
+        .iter()
+        .copied()
+        .filter(|c| {
+            let ok = c.available();
+            if !ok {
+                eprintln!("{} not found: its builds are left out", c.command());
+            }
+            ok
+        })
+        .collect();
+    let srcs = sources::fetch(&work)?;
+    let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
+    let opts = Options {
+        rounds: a.rounds,
+        all_on_rounds: a.all_on_rounds,
+        work: work.clone(),
+        lib,
+    };
+    let mut rows = Vec::new();
+    for &p in &a.programs {
+        let args = p.workload(&work)?;
+        for &c in &compilers {
+            let find = |inst: bool| {
+                bins.iter()
+                    .find(|b| b.program == p && b.compiler == c && b.instrumented == inst)
+                    .expect("built above")
+            };
+            rows.push(measure_row(&opts, find(false), find(true), &args)?);
+        }
+    }
+    let m = calibrate::machine::Machine::detect();
+    let header = format!(
+        "Profiler slowdown in CPU time (user + system), {} on {} ({} CPUs, kernel {}), {} rounds ({} with all-on) after a warm-up; `fastinst-table3{}`.",
+        m.date,
+        m.cpu_model,
+        m.cores,
+        m.kernel,
+        a.rounds,
+        a.all_on_rounds,
+        std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
+    );
+    print!("{}", render_markdown(&rows, &a.programs, &header));
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&rows).expect("rows serialise");
+        std::fs::write(p, text).map_err(|source| EvalError::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match parse(&argv) {
+        Ok(None) => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(a)) => match run(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fastinst-table3: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("fastinst-table3: {e}\n(--help for usage)");
+            ExitCode::from(2)
+        }
+    }
+}

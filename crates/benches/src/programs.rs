@@ -1,0 +1,317 @@
+//! The real programs, how each is built, and the work each run does.
+//!
+//! Builds per program and compiler: the plain build (`-O2`) and the
+//! instrumented one (gcc `-O2 -finstrument-functions`; clang `-O2
+//! -finstrument-functions-after-inlining`, which puts hooks only in
+//! functions that survive inlining). Workloads are deterministic and their
+//! output is compared across every configuration.
+
+use crate::error::{EvalError, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A C compiler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Compiler {
+    /// gcc.
+    Gcc,
+    /// clang.
+    Clang,
+}
+
+impl Compiler {
+    /// The command.
+    pub fn command(self) -> &'static str {
+        match self {
+            Compiler::Gcc => "gcc",
+            Compiler::Clang => "clang",
+        }
+    }
+
+    /// The flags of an instrumented build.
+    pub fn instrument_flag(self) -> &'static str {
+        match self {
+            Compiler::Gcc => "-finstrument-functions",
+            Compiler::Clang => "-finstrument-functions-after-inlining",
+        }
+    }
+
+    /// Whether it is installed.
+    pub fn available(self) -> bool {
+        Command::new(self.command())
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+}
+
+/// One of the programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Program {
+    /// bzip2 1.0.8 compressing 24 MB of generated text at -9.
+    Bzip2,
+    /// QuickJS's `qjs` running `programs/workload.js`.
+    Quickjs,
+    /// SQLite (amalgamation) running `programs/workload.sql` in memory.
+    Sqlite,
+}
+
+/// All programs, in table order.
+pub const PROGRAMS: [Program; 3] = [Program::Bzip2, Program::Quickjs, Program::Sqlite];
+
+fn here(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("programs").join(name)
+}
+
+impl Program {
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Program::Bzip2 => "bzip2",
+            Program::Quickjs => "quickjs",
+            Program::Sqlite => "sqlite",
+        }
+    }
+
+    /// What it is and where it comes from.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Program::Bzip2 => "bzip2 1.0.8 (crate bzip2-sys 0.1.13): `bzip2 -c -9` of 24 MB of generated text",
+            Program::Quickjs => {
+                "QuickJS 2021-03-27 (crate libquickjs-sys 0.10.0): `qjs workload.js` (GC-heavy objects, strings, regex, JSON, sort, recursion)"
+            }
+            Program::Sqlite => {
+                "SQLite 3 amalgamation (crate libsqlite3-sys 0.39.1): a 50-line host runs workload.sql in memory (400k-row inserts, indexes, joins, aggregates, updates)"
+            }
+        }
+    }
+
+    /// The crate that carries its sources.
+    pub fn crate_name(self) -> &'static str {
+        match self {
+            Program::Bzip2 => "bzip2-sys",
+            Program::Quickjs => "libquickjs-sys",
+            Program::Sqlite => "libsqlite3-sys",
+        }
+    }
+
+    /// Compiler arguments (sources, defines, libraries) given the crate's
+    /// directory.
+    fn compile_args(self, root: &Path) -> Vec<String> {
+        let p = |d: &Path, f: &str| d.join(f).display().to_string();
+        match self {
+            Program::Bzip2 => {
+                let d = root.join("bzip2-1.0.8");
+                let mut v = vec!["-D_FILE_OFFSET_BITS=64".to_string()];
+                for f in [
+                    "blocksort",
+                    "huffman",
+                    "crctable",
+                    "randtable",
+                    "compress",
+                    "decompress",
+                    "bzlib",
+                    "bzip2",
+                ] {
+                    v.push(p(&d, &format!("{f}.c")));
+                }
+                v
+            }
+            Program::Quickjs => {
+                let d = root.join("embed/quickjs");
+                let mut v: Vec<String> = ["-D_GNU_SOURCE", "-DCONFIG_BIGNUM", "-DCONFIG_VERSION=\"2021-03-27\""]
+                    .map(String::from)
+                    .into();
+                v.push(format!("-I{}", d.display()));
+                for f in [
+                    "qjs",
+                    "quickjs",
+                    "libregexp",
+                    "libunicode",
+                    "cutils",
+                    "quickjs-libc",
+                    "libbf",
+                ] {
+                    v.push(p(&d, &format!("{f}.c")));
+                }
+                v.push(here("qjs_repl_stub.c").display().to_string());
+                v.extend(["-lm", "-ldl", "-lpthread"].map(String::from));
+                v
+            }
+            Program::Sqlite => {
+                let d = root.join("sqlite3");
+                vec![
+                    "-DSQLITE_THREADSAFE=0".into(),
+                    "-DSQLITE_OMIT_LOAD_EXTENSION".into(),
+                    format!("-I{}", d.display()),
+                    p(&d, "sqlite3.c"),
+                    here("sqlite_host.c").display().to_string(),
+                    "-lm".into(),
+                ]
+            }
+        }
+    }
+
+    /// The arguments of one run, creating its input under `work` if needed.
+    pub fn workload(self, work: &Path) -> Result<Vec<String>> {
+        Ok(match self {
+            Program::Bzip2 => {
+                let input = work.join("bzip2-input.txt");
+                if !input.exists() {
+                    let tmp = work.join("bzip2-input.tmp");
+                    std::fs::write(&tmp, generated_text(24 << 20)).map_err(EvalError::io(&tmp))?;
+                    std::fs::rename(&tmp, &input).map_err(EvalError::io(&input))?;
+                }
+                vec!["-c".into(), "-9".into(), input.display().to_string()]
+            }
+            Program::Quickjs => vec![here("workload.js").display().to_string()],
+            Program::Sqlite => vec![here("workload.sql").display().to_string()],
+        })
+    }
+}
+
+/// `len` bytes of word-like text from a fixed seed: compressible like prose,
+/// the same on every machine.
+pub fn generated_text(len: usize) -> Vec<u8> {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let letters = b"etaoinshrdlucmfwypvbgkjqxz";
+    let vocab: Vec<Vec<u8>> = (0..4000)
+        .map(|_| {
+            let n = 2 + (next() % 8) as usize;
+            // Skewed towards frequent letters, as in English.
+            (0..n)
+                .map(|_| letters[((next() % 26) * (next() % 26) / 25) as usize])
+                .collect()
+        })
+        .collect();
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        // Zipf-like word choice: small indices far more often.
+        let r = (next() % 4000) as usize;
+        let w = &vocab[r * r / 4000];
+        out.extend_from_slice(w);
+        out.push(if next() % 13 == 0 { b'\n' } else { b' ' });
+    }
+    out.truncate(len);
+    out
+}
+
+/// A built binary.
+#[derive(Clone, Debug)]
+pub struct Binary {
+    /// The program.
+    pub program: Program,
+    /// Built by.
+    pub compiler: Compiler,
+    /// With hooks.
+    pub instrumented: bool,
+    /// Where.
+    pub path: PathBuf,
+}
+
+/// Builds every (program, compiler, instrumented) binary under `work/bin`,
+/// two compilations at a time; a binary whose recorded command line is
+/// unchanged is reused.
+pub fn build_all(
+    work: &Path,
+    sources: &HashMap<String, PathBuf>,
+    programs: &[Program],
+    compilers: &[Compiler],
+) -> Result<Vec<Binary>> {
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).map_err(EvalError::io(&bin))?;
+    let mut jobs = Vec::new();
+    for &program in programs {
+        let root = &sources[program.crate_name()];
+        for &compiler in compilers {
+            for instrumented in [false, true] {
+                let path = bin.join(format!(
+                    "{}-{}-{}",
+                    program.name(),
+                    compiler.command(),
+                    if instrumented { "inst" } else { "plain" }
+                ));
+                let mut args = vec!["-O2".to_string()];
+                if instrumented {
+                    args.push(compiler.instrument_flag().into());
+                }
+                args.extend(program.compile_args(root));
+                args.extend(["-o".to_string(), path.display().to_string()]);
+                jobs.push((
+                    Binary {
+                        program,
+                        compiler,
+                        instrumented,
+                        path,
+                    },
+                    args,
+                ));
+            }
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((b, args)) = jobs.get(i) else { break };
+                if let Err(e) = build_one(b, args) {
+                    errors.lock().unwrap().push(e);
+                }
+            });
+        }
+    });
+    if let Some(e) = errors.into_inner().unwrap().into_iter().next() {
+        return Err(e);
+    }
+    Ok(jobs.into_iter().map(|(b, _)| b).collect())
+}
+
+fn build_one(b: &Binary, args: &[String]) -> Result<()> {
+    let stamp = b.path.with_extension("cmd");
+    let line = format!("{} {}", b.compiler.command(), args.join(" "));
+    if b.path.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == line) {
+        return Ok(());
+    }
+    eprintln!("building {}", b.path.display());
+    let out = Command::new(b.compiler.command())
+        .args(args)
+        .output()
+        .map_err(|e| EvalError::Tool(format!("{}: {e}", b.compiler.command())))?;
+    if !out.status.success() {
+        return Err(EvalError::Tool(format!(
+            "{line}\nfailed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    std::fs::write(&stamp, line).map_err(EvalError::io(&stamp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_text_is_deterministic_and_wordy() {
+        let a = generated_text(1 << 16);
+        assert_eq!(a, generated_text(1 << 16));
+        assert_eq!(a.len(), 1 << 16);
+        let spaces = a.iter().filter(|&&c| c == b' ' || c == b'\n').count();
+        assert!(spaces > a.len() / 12 && spaces < a.len() / 2, "{spaces}");
+    }
+
+    #[test]
+    fn workload_files_exist() {
+        for f in ["workload.js", "workload.sql", "sqlite_host.c", "qjs_repl_stub.c"] {
+            assert!(here(f).is_file(), "{f}");
+        }
+    }
+}
