@@ -225,8 +225,9 @@ fn func_of(p: &'static Profiler, id: ProbeId) -> Option<(&'static Func, u32)> {
 /// 0 while `f`'s extent is unknown (`Frame::from`).
 #[inline]
 fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
-    match f.is_inlined_site(registry::get(id).map_or(0, |probe| probe.meta.site)) {
-        Some(true) => registry::get(id).map_or(0, |probe| probe.meta.site as u64),
+    let site = registry::get(id).map_or(0, |probe| probe.meta.site);
+    match f.is_inlined_site(site) {
+        Some(true) => site as u64,
         Some(false) => ret,
         None => 0,
     }
