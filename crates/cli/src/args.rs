@@ -69,6 +69,24 @@ impl<'a> Args<'a> {
             .map_err(|_| self.usage(format!("{name}: `{v}` is not {what}")))
     }
 
+    /// Takes `p` as the command's one file argument (`what` names it in
+    /// the error for a second one).
+    pub fn one_file(&self, file: &mut Option<std::path::PathBuf>, p: &str, what: &str) -> Result<()> {
+        if file.is_some() {
+            return Err(self.usage(format!("one {what} at a time (`{p}` is a second)")));
+        }
+        *file = Some(p.into());
+        Ok(())
+    }
+
+    /// Takes everything after `--` as the one file argument.
+    pub fn one_file_after_options(&mut self, file: &mut Option<std::path::PathBuf>, what: &str) -> Result<()> {
+        for p in self.remaining() {
+            self.one_file(file, p, what)?;
+        }
+        Ok(())
+    }
+
     /// A usage error of this command.
     pub fn usage(&self, msg: impl std::fmt::Display) -> CliError {
         CliError::Usage(format!("fastinst {}: {msg}", self.command))

@@ -65,13 +65,8 @@ pub fn parse(argv: &[String]) -> Result<Option<ReportArgs>> {
             Item::Opt(n @ ("-o" | "--output"), i) => output = Some(PathBuf::from(a.value(n, i)?)),
             Item::Opt(n @ "--svg", i) => svg = Some(PathBuf::from(a.value(n, i)?)),
             Item::Opt(other, _) => return Err(a.unknown(other)),
-            Item::Positional(p) if file.is_none() => file = Some(PathBuf::from(p)),
-            Item::Positional(p) => return Err(a.usage(format!("one report at a time (`{p}` is a second)"))),
-            Item::EndOfOptions => {
-                if let [p] = a.remaining() {
-                    file = Some(PathBuf::from(p));
-                }
-            }
+            Item::Positional(p) => a.one_file(&mut file, p, "report")?,
+            Item::EndOfOptions => a.one_file_after_options(&mut file, "report")?,
         }
     }
     let file = file.ok_or_else(|| a.usage("no report file given (fastinst report FILE.json)"))?;

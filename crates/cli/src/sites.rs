@@ -52,13 +52,8 @@ pub fn parse(argv: &[String]) -> Result<Option<SitesArgs>> {
             Item::Opt("--summary", None) => summary = true,
             Item::Opt("--json", None) => json = true,
             Item::Opt(other, _) => return Err(a.unknown(other)),
-            Item::Positional(p) if file.is_none() => file = Some(PathBuf::from(p)),
-            Item::Positional(p) => return Err(a.usage(format!("one file at a time (`{p}` is a second)"))),
-            Item::EndOfOptions => {
-                if let [p] = a.remaining() {
-                    file = Some(PathBuf::from(p));
-                }
-            }
+            Item::Positional(p) => a.one_file(&mut file, p, "file")?,
+            Item::EndOfOptions => a.one_file_after_options(&mut file, "file")?,
         }
     }
     let file = file.ok_or_else(|| a.usage("no file given (fastinst sites FILE)"))?;
