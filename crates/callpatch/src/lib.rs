@@ -35,6 +35,7 @@ mod trampoline;
 pub use error::Error;
 pub use form::{Form, Mode, Trampoline};
 pub use site::CallSite;
+pub use trampoline::map_near;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Once;

@@ -46,6 +46,23 @@ impl CallSite {
     /// crate deactivates it) that the caller owns the toggling of: the
     /// inactive forms change what the instruction does (see [`Mode`]).
     pub unsafe fn new(site: *mut u8, form: Form, operand: i32) -> Result<Self, Error> {
+        // SAFETY: forwarded contract.
+        let s = unsafe { Self::prepared(site, form, operand)? };
+        let cur = s.current();
+        if cur != s.on() && s.inactive_mode(&cur).is_none() {
+            return Err(s.unexpected(&cur));
+        }
+        Ok(s)
+    }
+
+    /// As [`new`](Self::new), for a site that holds neither form yet: its
+    /// owner will write the active form (or one this crate writes) by other
+    /// means before toggling it here. Until then every toggle is refused as
+    /// [`Error::Unexpected`], since each one checks the whole instruction.
+    ///
+    /// # Safety
+    /// As for [`new`](Self::new), once the site holds one of the forms.
+    pub unsafe fn prepared(site: *mut u8, form: Form, operand: i32) -> Result<Self, Error> {
         let addr = site as usize;
         make_writable(site, form.len())?;
         let on = form.on_bytes(operand);
@@ -65,19 +82,14 @@ impl CallSite {
         };
         let flip = variant(off_bytes(form, operand, addr, Mode::Flip, None).expect("flip needs no trampoline"));
         let paper = off_bytes(form, operand, addr, Mode::Paper, tramp).map(variant);
-        let s = CallSite {
+        Ok(CallSite {
             addr,
             form,
             on,
             on_word: pack(&on),
             flip,
             paper,
-        };
-        let cur = s.current();
-        if cur != s.on() && s.inactive_mode(&cur).is_none() {
-            return Err(s.unexpected(&cur));
-        }
-        Ok(s)
+        })
     }
 
     /// A site from the active bytes at `site`, decoded.

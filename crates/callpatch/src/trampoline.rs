@@ -23,8 +23,14 @@ fn tramp(page: usize) -> Trampoline {
 }
 
 fn reaches(page: usize, site: usize, len: usize) -> bool {
-    let from = (site + len) as i64;
-    [page, page + 8].iter().all(|&t| i32::try_from(t as i64 - from).is_ok())
+    reaches_all(page, 16, site, site, len)
+}
+
+/// True if every byte of `[start, start + size)` is within `rel32` reach of
+/// an instruction of `len` bytes at any address in `[lo, hi]`.
+fn reaches_all(start: usize, size: usize, lo: usize, hi: usize, len: usize) -> bool {
+    let ok = |from: usize, to: usize| i32::try_from(to as i64 - (from + len) as i64).is_ok();
+    ok(lo, start) && ok(lo, start + size) && ok(hi, start) && ok(hi, start + size)
 }
 
 /// A trampoline in reach of `len` bytes at `site`, allocating one if needed.
@@ -56,8 +62,9 @@ fn cached(site: usize, len: usize) -> Option<Trampoline> {
         .map(tramp)
 }
 
-/// Free pages nearest to `site`, from the gaps between mappings.
-fn candidates(site: usize, len: usize) -> Vec<usize> {
+/// Free places for `size` bytes nearest to `[lo, hi]` and in reach of it,
+/// from the gaps between mappings.
+fn candidates(lo: usize, hi: usize, len: usize, size: usize) -> Vec<usize> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut used: Vec<(usize, usize)> = maps
         .lines()
@@ -68,37 +75,43 @@ fn candidates(site: usize, len: usize) -> Vec<usize> {
         .collect();
     used.sort_unstable();
     // Stay off the zero page area and below the canonical user-space top.
-    let (lo, hi) = (0x10_0000usize, 0x7FFF_FFFF_0000usize);
+    let (floor, top) = (0x10_0000usize, 0x7FFF_FFFF_0000usize);
     let mut gaps = Vec::new();
-    let mut prev = lo;
+    let mut prev = floor;
     for &(a, b) in &used {
         if a > prev {
             gaps.push((prev, a));
         }
         prev = prev.max(b);
     }
-    if hi > prev {
-        gaps.push((prev, hi));
+    if top > prev {
+        gaps.push((prev, top));
     }
-    let want = site & !(PAGE_SIZE - 1);
+    let want = lo & !(PAGE_SIZE - 1);
     let mut out: Vec<usize> = gaps
         .into_iter()
-        .filter(|&(a, b)| b - a >= PAGE_SIZE)
-        .map(|(a, b)| want.clamp(a, b - PAGE_SIZE))
-        .filter(|&p| reaches(p, site, len))
+        .filter(|&(a, b)| b - a >= size)
+        .map(|(a, b)| want.clamp(a, b - size))
+        .filter(|&p| reaches_all(p, size, lo, hi, len))
         .collect();
-    out.sort_unstable_by_key(|&p| p.abs_diff(site));
+    out.sort_unstable_by_key(|&p| p.abs_diff(lo));
     out
 }
 
-fn allocate(site: usize, len: usize) -> Option<usize> {
-    for hint in candidates(site, len).into_iter().take(64) {
+/// Maps `size` bytes (rounded up to pages) of private anonymous read+write
+/// memory where every byte is within `rel32` reach of a `len`-byte
+/// instruction anywhere in `[lo, hi]`: for code that sites in that range
+/// call or jump to. The caller fills it and makes it executable
+/// (`mprotect`). `None` when no such place can be mapped.
+pub fn map_near(lo: usize, hi: usize, len: usize, size: usize) -> Option<usize> {
+    let size = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    for hint in candidates(lo, hi, len, size).into_iter().take(64) {
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; on a
         // kernel that ignores the flag the result is checked and unmapped.
         let p = unsafe {
             libc::mmap(
                 hint as *mut libc::c_void,
-                PAGE_SIZE,
+                size,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
                 -1,
@@ -108,24 +121,29 @@ fn allocate(site: usize, len: usize) -> Option<usize> {
         if p == libc::MAP_FAILED {
             continue;
         }
-        let page = p as usize;
-        if page != hint || !reaches(page, site, len) {
-            // SAFETY: we just mapped this page and nothing else refers to it.
-            unsafe { libc::munmap(p, PAGE_SIZE) };
+        if p as usize != hint || !reaches_all(p as usize, size, lo, hi, len) {
+            // SAFETY: we just mapped this range and nothing else refers to it.
+            unsafe { libc::munmap(p, size) };
             continue;
         }
-        // SAFETY: the page is ours, writable, and not yet visible to anyone.
-        unsafe {
-            *(page as *mut u8) = 0xC3;
-            *((page + 8) as *mut u64) = page as u64;
-            if libc::mprotect(p, PAGE_SIZE, libc::PROT_READ | libc::PROT_EXEC) != 0 {
-                libc::munmap(p, PAGE_SIZE);
-                continue;
-            }
-        }
-        return Some(page);
+        return Some(p as usize);
     }
     None
+}
+
+fn allocate(site: usize, len: usize) -> Option<usize> {
+    let page = map_near(site, site, len, PAGE_SIZE)?;
+    let p = page as *mut libc::c_void;
+    // SAFETY: the page is ours, writable, and not yet visible to anyone.
+    unsafe {
+        *(page as *mut u8) = 0xC3;
+        *((page + 8) as *mut u64) = page as u64;
+        if libc::mprotect(p, PAGE_SIZE, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+            libc::munmap(p, PAGE_SIZE);
+            return None;
+        }
+    }
+    Some(page)
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ extern "C" {
 #define FASTINST_FORM_TAIL 4     /* jmp rel32 to the exit hook */
 #define FASTINST_FORM_TAIL_PLT 5 /* jmp rel32 to its PLT stub */
 #define FASTINST_FORM_TAIL_GOT 6 /* jmp [rip+GOT] */
+#define FASTINST_FORM_SLED 7     /* -fpatchable-function-entry NOP sled */
 
 typedef uint32_t fastinst_probe_id;
 
@@ -48,7 +49,7 @@ typedef struct fastinst_probe_meta {
     uint8_t form;          /* FASTINST_FORM_* */
     uint8_t split;         /* bytes before the cache-line boundary, 0 if none */
     uint8_t site_len;      /* 5 or 6; 0 if unrecognised */
-    uint8_t provider;      /* 0: -finstrument-functions */
+    uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry */
     uint8_t arg_rewritten; /* 1 if this_fn's load now passes the id */
     uint8_t reserved[2];
     const void *function;      /* the instrumented function */

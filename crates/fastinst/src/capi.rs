@@ -17,13 +17,13 @@ pub struct CProbeMeta {
     /// 0 entry, 1 exit.
     pub kind: u8,
     /// `FASTINST_FORM_*`: 0 unrecognised, 1 call, 2 plt, 3 got, 4 tail,
-    /// 5 tail-plt, 6 tail-got.
+    /// 5 tail-plt, 6 tail-got, 7 sled.
     pub form: u8,
     /// Bytes before the line boundary the site crosses, 0 if none.
     pub split: u8,
     /// Site instruction length (0 if unrecognised).
     pub site_len: u8,
-    /// 0: `-finstrument-functions`.
+    /// 0: `-finstrument-functions`, 1: `-fpatchable-function-entry`.
     pub provider: u8,
     /// 1 if the `this_fn` load passes the id.
     pub arg_rewritten: u8,
@@ -49,6 +49,7 @@ pub(crate) fn form_code(f: Option<SiteForm>) -> u8 {
         Some(SiteForm::TailJmp) => 4,
         Some(SiteForm::TailJmpPlt) => 5,
         Some(SiteForm::TailJmpGot) => 6,
+        Some(SiteForm::Sled) => 7,
     }
 }
 

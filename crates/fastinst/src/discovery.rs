@@ -48,6 +48,8 @@ pub(crate) struct State {
     pub callbacks: Vec<Callback>,
     /// Whether to rewrite `this_fn` loads (`FASTINST_REWRITE`).
     pub rewrite: bool,
+    /// Modules whose sled tables have been read (by index).
+    pub sled_modules: std::collections::HashSet<u32>,
 }
 
 pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -74,6 +76,7 @@ impl State {
             names: HashMap::new(),
             callbacks: Vec::new(),
             rewrite: REWRITE.load(Ordering::Relaxed),
+            sled_modules: Default::default(),
         }
     }
 
@@ -84,7 +87,7 @@ impl State {
         gone
     }
 
-    fn name_of(&mut self, f: u64) -> &'static CStr {
+    pub(crate) fn name_of(&mut self, f: u64) -> &'static CStr {
         if let Some(n) = self.names.get(&f) {
             return n;
         }
@@ -247,6 +250,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         rewrite_at: AtomicU64::new(0),
         module,
         site: call,
+        sled: None,
         tool: AtomicU64::new(0),
         inactive_hits: AtomicU64::new(0),
     })?;

@@ -40,9 +40,9 @@ core::arch::global_asm!(
     ".globl fastinst_hook_ctx",
     ".hidden fastinst_hook_ctx",
     ".type fastinst_hook_ctx,@object",
-    ".size fastinst_hook_ctx,16",
+    ".size fastinst_hook_ctx,24",
     "fastinst_hook_ctx:",
-    ".zero 16",
+    ".zero 24",
     ".popsection",
 );
 
@@ -52,19 +52,26 @@ pub struct HookContext {
     /// The instrumented function's return address (in its caller): the
     /// `call_site` argument the compiler passes to the hook.
     pub call_site: usize,
-    /// The instrumented function's stack pointer at the hook call.
+    /// The instrumented function's stack pointer at the hook call; for a
+    /// sled probe, the address of the slot that holds its return address.
     pub stack: usize,
+    /// The function's canonical frame address (its stack pointer before the
+    /// call that entered it) when the provider knows it exactly (sled
+    /// probes); 0 when it must be found from `stack` and `call_site`.
+    pub cfa: usize,
 }
 
 #[inline(always)]
-fn ctx_set(call_site: u64, stack: u64) {
-    // SAFETY: writes this thread's copy of the 16-byte TLS block above.
+fn ctx_set(call_site: u64, stack: u64, cfa: u64) {
+    // SAFETY: writes this thread's copy of the 24-byte TLS block above.
     unsafe {
         core::arch::asm!(
             "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
             "mov qword ptr fs:[{t}], {a}",
             "mov qword ptr fs:[{t} + 8], {b}",
-            t = out(reg) _, a = in(reg) call_site, b = in(reg) stack, options(nostack, preserves_flags)
+            "mov qword ptr fs:[{t} + 16], {c}",
+            t = out(reg) _, a = in(reg) call_site, b = in(reg) stack, c = in(reg) cfa,
+            options(nostack, preserves_flags)
         )
     };
 }
@@ -72,24 +79,27 @@ fn ctx_set(call_site: u64, stack: u64) {
 /// The context of the hook whose handler is running on this thread. Only
 /// meaningful inside a probe handler; elsewhere it is the last hook's.
 pub fn context() -> HookContext {
-    let (a, b): (u64, u64);
-    // SAFETY: reads this thread's copy of the 16-byte TLS block above.
+    let (a, b, c): (u64, u64, u64);
+    // SAFETY: reads this thread's copy of the 24-byte TLS block above.
     unsafe {
         core::arch::asm!(
             "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
             "mov {a}, qword ptr fs:[{t}]",
             "mov {b}, qword ptr fs:[{t} + 8]",
-            t = out(reg) _, a = out(reg) a, b = out(reg) b, options(nostack, readonly, preserves_flags)
+            "mov {c}, qword ptr fs:[{t} + 16]",
+            t = out(reg) _, a = out(reg) a, b = out(reg) b, c = out(reg) c,
+            options(nostack, readonly, preserves_flags)
         )
     };
     HookContext {
         call_site: a as usize,
         stack: b as usize,
+        cfa: c as usize,
     }
 }
 
 #[inline(always)]
-fn guard_get() -> bool {
+pub(crate) fn guard_get() -> bool {
     let v: u8;
     // SAFETY: reads this thread's copy of the TLS byte defined above.
     unsafe {
@@ -164,13 +174,13 @@ fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
             None => return slow(kind, this_fn, ret, call_site, stack),
         },
     };
-    fire(id, call_site, stack)
+    fire(id, call_site, stack, 0)
 }
 
 /// Runs probe `id`'s handler, if it has one, under the recursion guard,
 /// with the hook's context published for [`context`].
 #[inline(always)]
-pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64) {
+pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
     let Some(p) = registry::get(id) else { return };
     let h = p.handler.load(Ordering::Acquire);
     if h == 0 {
@@ -186,7 +196,7 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64) {
         return;
     }
     guard_set(true);
-    ctx_set(call_site, stack);
+    ctx_set(call_site, stack, cfa);
     h(id);
     guard_set(false);
 }
@@ -195,7 +205,7 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64) {
 #[inline(never)]
 fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
     if let Some(id) = sitetable::get(key::function(this_fn, kind as u8)) {
-        return fire(id, call_site, stack);
+        return fire(id, call_site, stack, 0);
     }
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
@@ -208,7 +218,7 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
     let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret));
     IN_DISCOVERY.with(|d| d.set(false));
     match r {
-        Ok(Some(id)) => fire(id, call_site, stack),
+        Ok(Some(id)) => fire(id, call_site, stack, 0),
         Ok(None) => {}
         Err(_) => crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched")),
     }

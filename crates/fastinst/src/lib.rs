@@ -40,6 +40,7 @@ pub mod profile;
 pub mod registry;
 mod segmented;
 pub mod sitetable;
+pub mod sled;
 pub mod stats;
 mod toggle;
 pub mod tools;

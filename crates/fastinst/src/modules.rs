@@ -23,6 +23,9 @@ pub struct Module {
     pub segments: Vec<(u64, u64, bool)>,
     /// Function symbols at run-time addresses.
     pub symbols: SymbolTable,
+    /// Run-time addresses its `__patchable_function_entries` table records
+    /// (the `-fpatchable-function-entry` sleds), in table order.
+    pub sleds: Vec<u64>,
     /// Its index in the runtime's module list (stable: modules are never
     /// removed from the list, only marked unloaded).
     pub index: u32,
@@ -95,21 +98,27 @@ fn scan() -> Vec<Seen> {
     out
 }
 
-fn symbols_of(path: &str, bias: u64) -> SymbolTable {
+/// The function symbols and the sled table of the module file at `path`.
+fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
     let file = if path.is_empty() { "/proc/self/exe" } else { path };
     if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
-        return SymbolTable::default();
+        return Default::default();
     }
-    match std::fs::read(file) {
-        Ok(bytes) => SymbolTable::from_elf(&bytes, bias).unwrap_or_else(|e| {
-            crate::log::warn(format_args!("no symbols for {file}: {e}"));
-            SymbolTable::default()
-        }),
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
         Err(e) => {
             crate::log::debug(format_args!("no symbols for {file}: {e}"));
-            SymbolTable::default()
+            return Default::default();
         }
-    }
+    };
+    let symbols = SymbolTable::from_elf(&bytes, bias).unwrap_or_else(|e| {
+        crate::log::warn(format_args!("no symbols for {file}: {e}"));
+        SymbolTable::default()
+    });
+    let sleds = providers::patchable::table_in_elf(&bytes)
+        .map(|t| t.into_iter().map(|a| a.wrapping_add(bias)).collect())
+        .unwrap_or_default();
+    (symbols, sleds)
 }
 
 /// Rescans the loaded modules, keeping the records of those still loaded
@@ -123,22 +132,26 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
         if s.segments.is_empty() {
             continue;
         }
-        if let Some(m) = old.loaded.iter().find(|m| m.path == s.path && m.bias == s.bias) {
+        // The executable has no name in dl_iterate_phdr; its record keeps
+        // the resolved path, which is what a rescan must match.
+        let path = if s.path.is_empty() {
+            std::fs::read_link("/proc/self/exe")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            s.path.clone()
+        };
+        if let Some(m) = old.loaded.iter().find(|m| m.path == path && m.bias == s.bias) {
             loaded.push(m.clone());
             continue;
         }
-        let symbols = symbols_of(&s.path, s.bias);
+        let (symbols, sleds) = read_module(&s.path, s.bias);
         loaded.push(Arc::new(Module {
-            path: if s.path.is_empty() {
-                std::fs::read_link("/proc/self/exe")
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            } else {
-                s.path
-            },
+            path,
             bias: s.bias,
             segments: s.segments,
             symbols,
+            sleds,
             index: *next_index,
         }));
         *next_index += 1;

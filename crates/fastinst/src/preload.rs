@@ -112,6 +112,17 @@ fn start() {
     unsafe { libc::atexit(at_exit) };
     let ticks = crate::discovery::init();
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
+    let t0 = wordpatch::tsc::now();
+    let sleds = crate::sled::load();
+    if sleds.functions > 0 {
+        log::info(format_args!(
+            "{} patchable entries in {} modules registered ({} normalised) in {} ticks",
+            sleds.functions,
+            sleds.modules,
+            sleds.normalised,
+            wordpatch::tsc::now().wrapping_sub(t0)
+        ));
+    }
     let out_dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
     if let Err(e) = tools::install(tool, &out_dir) {
         log::error(format_args!("FASTINST_TOOL: {e}"));
@@ -217,6 +228,36 @@ extern "C" fn fork_child() {
     if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
         tools::reset_counts();
     }
+}
+
+type DlopenFn = unsafe extern "C" fn(*const libc::c_char, c_int) -> *mut c_void;
+
+fn real_dlopen() -> Option<DlopenFn> {
+    static REAL: OnceLock<usize> = OnceLock::new();
+    // SAFETY: RTLD_NEXT lookup of a libc symbol.
+    let p = *REAL.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) } as usize);
+    // SAFETY: a non-null `dlopen` symbol has this signature.
+    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlopenFn>(p) })
+}
+
+/// Interposes `dlopen`: the patchable entries of the library (and of the
+/// libraries it brought in) are registered before it returns, so the
+/// discovery callbacks hear of them before the caller can look up a symbol.
+/// (Its constructors have run by then, on NOP sleds.)
+///
+/// # Safety
+/// As `dlopen(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn dlopen(file: *const libc::c_char, flags: c_int) -> *mut c_void {
+    let Some(real) = real_dlopen() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarded.
+    let h = unsafe { real(file, flags) };
+    if !h.is_null() && STATE.lock().is_some() && !crate::hooks::IN_DISCOVERY.with(|d| d.get()) {
+        let _ = std::panic::catch_unwind(crate::sled::load);
+    }
+    h
 }
 
 type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;

@@ -25,6 +25,9 @@ pub enum ProbeKind {
 pub enum Provider {
     /// `-finstrument-functions` hook calls.
     Finstrument = 0,
+    /// `-fpatchable-function-entry` NOP sleds listed in the ELF file
+    /// ([`crate::sled`]).
+    Patchable = 1,
 }
 
 /// How a probe's site is switched off.

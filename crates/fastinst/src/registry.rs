@@ -36,8 +36,12 @@ pub struct Probe {
     pub(crate) rewrite_at: AtomicU64,
     /// Index of the module it lives in.
     pub(crate) module: u32,
-    /// The callpatch view of the site (None when unrecognised).
+    /// The callpatch view of the site (None when unrecognised, and for
+    /// sled probes, whose site is `sled`).
     pub(crate) site: Option<CallSite>,
+    /// The function's sled, shared by its entry and exit probe
+    /// (`-fpatchable-function-entry` probes only).
+    pub(crate) sled: Option<&'static crate::sled::Sled>,
     /// A word for the built-in tools (the `count` tool's counter).
     pub(crate) tool: AtomicU64,
     /// Hook calls that reached this probe while it was inactive (the call

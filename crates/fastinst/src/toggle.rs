@@ -81,6 +81,9 @@ fn word_patch(p: &Probe, site: &CallSite, new: &[u8], old: &[u8], async_: bool) 
 
 /// Switches `p`'s code on or off. The caller holds the probe lock.
 pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
+    if let Some(sled) = p.sled {
+        return crate::sled::set_code(p, sled, on);
+    }
     let id = p.meta.id;
     if p.unloaded.load(Ordering::Acquire) {
         return Err(Error::Unloaded(id));

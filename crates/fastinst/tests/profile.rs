@@ -93,17 +93,16 @@ fn check_structure(r: &Report) {
     }
 }
 
-fn run_tree(cc: &str, threads: &str, name: &str) -> (Report, Truth, std::path::PathBuf) {
+/// The flag of each provider's builds.
+const FINSTRUMENT: &str = "-finstrument-functions";
+const SLED: &str = "-fpatchable-function-entry=5";
+
+fn run_tree(cc: &str, flag: &str, threads: &str, name: &str) -> (Report, Truth, std::path::PathBuf) {
     let dir = scratch(name);
     let plain = dir.join("plain");
     let inst = dir.join("inst");
     build(cc, &[&src("tree.c")], &["-O2", "-pthread"], &plain);
-    build(
-        cc,
-        &[&src("tree.c")],
-        &["-O2", "-pthread", "-finstrument-functions"],
-        &inst,
-    );
+    build(cc, &[&src("tree.c")], &["-O2", "-pthread", flag], &inst);
     let want = ok_stdout(&run(&plain, &[threads], &dir, false, &[]), "plain");
     let out = dir.join("out");
     let o = run(
@@ -123,9 +122,9 @@ fn run_tree(cc: &str, threads: &str, name: &str) -> (Report, Truth, std::path::P
     (r, t, out)
 }
 
-fn check_accuracy(cc: &str) {
+fn check_accuracy(cc: &str, flag: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (r, t, out) = run_tree(cc, "1", &format!("acc-{cc}"));
+    let (r, t, out) = run_tree(cc, flag, "1", &format!("acc-{cc}{flag}"));
     let f = |n: &str| {
         r.functions
             .iter()
@@ -172,18 +171,34 @@ fn check_accuracy(cc: &str) {
 
 #[test]
 fn gcc_known_tree_within_ten_percent() {
-    check_accuracy("gcc");
+    check_accuracy("gcc", FINSTRUMENT);
 }
 
 #[test]
 fn clang_known_tree_within_ten_percent() {
-    check_accuracy("clang");
+    check_accuracy("clang", FINSTRUMENT);
+}
+
+#[test]
+fn gcc_sled_known_tree_within_ten_percent() {
+    check_accuracy("gcc", SLED);
+}
+
+#[test]
+fn clang_sled_known_tree_within_ten_percent() {
+    check_accuracy("clang", SLED);
 }
 
 #[test]
 fn four_threads_pair_and_attribute_correctly() {
+    for flag in [FINSTRUMENT, SLED] {
+        four_threads(flag);
+    }
+}
+
+fn four_threads(flag: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (r, t, _) = run_tree("gcc", "4", "threads");
+    let (r, t, _) = run_tree("gcc", flag, "4", &format!("threads{flag}"));
     check_structure(&r);
     let worker = r.functions.iter().find(|f| f.name == "worker").expect("worker");
     assert_eq!(worker.calls_sampled, 4, "every thread's worker call paired");
@@ -201,11 +216,17 @@ fn four_threads_pair_and_attribute_correctly() {
 /// interrupted one, but the signal frame between them is a gap).
 #[test]
 fn longjmp_and_signal_handlers_pair_without_inventing_paths() {
+    for flag in [FINSTRUMENT, SLED] {
+        jumps(flag);
+    }
+}
+
+fn jumps(flag: &str) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("jumps");
+    let dir = scratch(&format!("jumps{flag}"));
     let (plain, inst) = (dir.join("plain"), dir.join("inst"));
     build("gcc", &[&src("jumps.c")], &["-O2"], &plain);
-    build("gcc", &[&src("jumps.c")], &["-O2", "-finstrument-functions"], &inst);
+    build("gcc", &[&src("jumps.c")], &["-O2", flag], &inst);
     let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
     let out = dir.join("out");
     let o = run(&inst, &[], &dir, true, &[("FASTINST_OUT", out.to_str().unwrap())]);
@@ -257,10 +278,35 @@ fn longjmp_and_signal_handlers_pair_without_inventing_paths() {
         "in_handler",
     ];
     let calls: HashSet<(&str, &str)> = CALLS.into_iter().collect();
+    // A sled build sees machine frames: `after` ends in a tail jump to
+    // `spin_us`, so unless `after`'s own exit is being watched, `spin_us`
+    // returns straight to `main` and is reported as called from there. A
+    // chain of real calls must still connect the two.
+    let sled = flag == SLED;
+    let happened = |a: &str, b: &str| {
+        if calls.contains(&(a, b)) {
+            return true;
+        }
+        let mut seen = vec![a];
+        let mut i = 0;
+        while sled && i < seen.len() {
+            let x = seen[i];
+            for &(p, q) in &CALLS {
+                if p == x && !seen.contains(&q) {
+                    if q == b {
+                        return true;
+                    }
+                    seen.push(q);
+                }
+            }
+            i += 1;
+        }
+        false
+    };
     for e in &r.edges {
         if FUNCS.contains(&e.caller.as_str()) {
             assert!(
-                calls.contains(&(e.caller.as_str(), e.callee.as_str())),
+                happened(e.caller.as_str(), e.callee.as_str()),
                 "edge {} -> {} did not happen",
                 e.caller,
                 e.callee
@@ -271,7 +317,7 @@ fn longjmp_and_signal_handlers_pair_without_inventing_paths() {
         for w in s.frames.windows(2) {
             let (a, b) = (w[0].as_str(), w[1].as_str());
             if FUNCS.contains(&a) && FUNCS.contains(&b) {
-                assert!(calls.contains(&(a, b)), "stack {:?} joins {a} -> {b}", s.frames);
+                assert!(happened(a, b), "stack {:?} joins {a} -> {b}", s.frames);
             }
         }
     }

@@ -89,6 +89,11 @@ impl SymbolTable {
         (addr == f.start || addr < f.end()).then_some(f)
     }
 
+    /// The first function that starts at or after `addr`.
+    pub fn first_from(&self, addr: u64) -> Option<&Function> {
+        self.funcs.get(self.funcs.partition_point(|f| f.start < addr))
+    }
+
     /// Number of functions.
     pub fn len(&self) -> usize {
         self.funcs.len()

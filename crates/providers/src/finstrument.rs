@@ -69,13 +69,16 @@ pub enum SiteForm {
     TailJmpPlt,
     /// `jmp [rip+disp32]` through a GOT slot.
     TailJmpGot,
+    /// A `-fpatchable-function-entry` NOP sled ([`crate::patchable`]),
+    /// switched on as a `call rel32` to a trampoline.
+    Sled,
 }
 
 impl SiteForm {
     /// The callpatch form that toggles it.
     pub fn call_form(self) -> Form {
         match self {
-            SiteForm::Call | SiteForm::CallPlt => Form::CallRel32,
+            SiteForm::Call | SiteForm::CallPlt | SiteForm::Sled => Form::CallRel32,
             SiteForm::CallGot => Form::CallRipIndirect,
             SiteForm::TailJmp | SiteForm::TailJmpPlt => Form::JmpRel32,
             SiteForm::TailJmpGot => Form::JmpRipIndirect,
@@ -87,7 +90,8 @@ impl SiteForm {
         self.call_form().is_tail()
     }
 
-    /// A short name: `call`, `plt`, `got`, `tail`, `tail-plt`, `tail-got`.
+    /// A short name: `call`, `plt`, `got`, `tail`, `tail-plt`, `tail-got`,
+    /// `sled`.
     pub fn name(self) -> &'static str {
         match self {
             SiteForm::Call => "call",
@@ -96,6 +100,7 @@ impl SiteForm {
             SiteForm::TailJmp => "tail",
             SiteForm::TailJmpPlt => "tail-plt",
             SiteForm::TailJmpGot => "tail-got",
+            SiteForm::Sled => "sled",
         }
     }
 }

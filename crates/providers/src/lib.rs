@@ -17,6 +17,9 @@
 //!   instruction that loads `this_fn` into the first argument register and
 //!   computes a same-length rewrite that loads a tagged probe id instead
 //!   ([`tag`]), which can never be a code address.
+//! - [`patchable`]: the `-fpatchable-function-entry` provider: entry NOP
+//!   sleds listed in an ELF section, validated and normalised to one
+//!   instruction that can be toggled to a `call`.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
 //! - [`offline`]: the same recognisers over an ELF file on disk (`fastinst
 //!   sites`).
@@ -29,6 +32,7 @@ pub mod elf;
 pub mod finstrument;
 pub mod memory;
 pub mod offline;
+pub mod patchable;
 pub mod tag;
 
 pub use memory::{Image, Memory};

@@ -189,8 +189,8 @@ fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
         .ok()
 }
 
-/// The function's CFA: just above the slot holding `call_site` (its return
-/// address), searched upward from its stack pointer at the hook. The search
+/// The function's CFA: as the provider gives it (sled probes), else just
+/// above the slot holding `call_site` (its return address), searched upward from its stack pointer at the hook. The search
 /// starts one word lower: a tail-jump exit (`pop rbx; jmp exit_hook`)
 /// reaches the hook with the function's own return address on top of the
 /// stack; a called hook has its own return address there, which is never
@@ -198,6 +198,9 @@ fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
 #[inline]
 fn cfa(ctx: crate::hooks::HookContext) -> Option<u64> {
     const WORDS: usize = 256;
+    if ctx.cfa != 0 {
+        return Some(ctx.cfa as u64);
+    }
     let mut p = (ctx.stack & !7) - 8;
     for _ in 0..WORDS {
         // SAFETY: above an instrumented function's stack pointer lie its

@@ -21,13 +21,13 @@
 #define NAP_EVERY 100
 #define NAP_US 2000
 
-static double __attribute__((no_instrument_function)) now_us(void) {
+static double __attribute__((no_instrument_function, patchable_function_entry(0, 0))) now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-static void __attribute__((noinline, no_instrument_function)) spin(double us) {
+static void __attribute__((noinline, no_instrument_function, patchable_function_entry(0, 0))) spin(double us) {
     double end = now_us() + us;
     while (now_us() < end) {
     }

@@ -1,0 +1,278 @@
+//! The `-fpatchable-function-entry` provider at run time: probes that start
+//! off (the paper's ELF-table provider, §7).
+//!
+//! [`load`] reads the `__patchable_function_entries` table of every loaded
+//! module not seen before ([`crate::modules`] reads it with the symbols),
+//! validates each sled ([`providers::patchable`]), normalises gcc's
+//! one-byte-NOP sleds to one 5-byte NOP (safe at any moment: see that
+//! module), makes a stub per function near the module
+//! ([`trampoline`]), and registers two probes per function, entry then
+//! exit, both off. Every callback hears of them at once: sites are known up
+//! front, not on first call. The preload library calls [`load`] from its
+//! constructor and after every `dlopen`; a program that links the crate
+//! calls it itself.
+//!
+//! An entry probe runs its handler from the entry trampoline; an exit probe
+//! is a substituted return address ([`shadow`]). Everything else (the API,
+//! strategies, tools, the profiler) is shared with the
+//! `-finstrument-functions` provider.
+
+mod shadow;
+mod site;
+pub mod trampoline;
+mod unwind;
+
+pub(crate) use site::{set_code, Sled};
+pub use trampoline::{vector_width, VectorWidth};
+
+use crate::discovery::{with_state, State};
+use crate::modules::{LiveMemory, Module};
+use crate::probe::{ProbeId, ProbeKind, ProbeMeta, Provider};
+use crate::registry::{self, Probe};
+use crate::sitetable::{self, key};
+use callpatch::{CallSite, Form};
+use providers::finstrument::SiteForm;
+use providers::patchable::{self, SledError, SLED_LEN};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub use shadow::{depth as shadow_depth, CAPACITY as SHADOW_CAPACITY};
+
+/// What one [`load`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Modules whose tables were read.
+    pub modules: usize,
+    /// Functions registered (two probes each).
+    pub functions: usize,
+    /// Of those, sleds that were rewritten to one instruction.
+    pub normalised: usize,
+    /// Recorded sleds left alone, by reason.
+    pub skipped: BTreeMap<String, usize>,
+}
+
+/// Counters of the provider (also in [`crate::Stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SledStats {
+    /// Functions with sled probes.
+    pub functions: u64,
+    /// Exits delivered by return-address substitution.
+    pub exits: u64,
+    /// Calls whose exit was not watched: the thread's shadow stack was full.
+    pub shadow_full: u64,
+    /// Shadow entries dropped because their frames could not return
+    /// normally any more (`longjmp`, exceptions).
+    pub abandoned: u64,
+    /// Substituted return addresses put back before an unwinder ran.
+    pub restored: u64,
+}
+
+static FUNCTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The provider's counters now.
+pub fn stats() -> SledStats {
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    SledStats {
+        functions: l(&FUNCTIONS),
+        exits: l(&shadow::EXITS),
+        shadow_full: l(&shadow::FULL),
+        abandoned: l(&shadow::ABANDONED),
+        restored: l(&shadow::RESTORED),
+    }
+}
+
+/// Registers the sleds of every loaded module whose table has not been
+/// read yet: two probes per function (entry, then exit, with consecutive
+/// ids), both off, reported to the discovery callbacks. Safe to call at any
+/// time and from any thread, with other threads running the code: a sled
+/// only changes from NOPs to one NOP before its probes exist.
+pub fn load() -> LoadReport {
+    shadow::init();
+    unwind::init();
+    with_state(|s| {
+        s.rescan();
+        let todo: Vec<Arc<Module>> = s
+            .modules
+            .loaded
+            .iter()
+            .filter(|m| s.sled_modules.insert(m.index))
+            .cloned()
+            .collect();
+        let mut report = LoadReport::default();
+        for m in todo {
+            if m.sleds.is_empty() {
+                continue;
+            }
+            report.modules += 1;
+            register_module(s, &m, &mut report);
+        }
+        if !report.skipped.is_empty() {
+            crate::log::warn(format_args!(
+                "patchable entries left alone: {}",
+                report
+                    .skipped
+                    .iter()
+                    .map(|(k, v)| format!("{v} ({k})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        report
+    })
+}
+
+/// Rewrites a one-byte-NOP sled to [`patchable::NORMALISED`], one byte at a
+/// time: every intermediate state is valid (see [`providers::patchable`]).
+fn normalise(addr: u64) -> std::result::Result<(), String> {
+    wordpatch::make_writable(addr as *const u8, SLED_LEN).map_err(|e| e.to_string())?;
+    for k in 0..SLED_LEN {
+        let (old, new) = (0x90u8, patchable::NORMALISED[k]);
+        if old == new {
+            continue;
+        }
+        // SAFETY: one byte inside the sled, whose page was just made
+        // writable; any mix of old and new sled bytes decodes as NOPs that
+        // end where the sled ends, so threads may be executing it.
+        unsafe { wordpatch::store_in_line((addr + k as u64) as *mut u8, &[new], Some(&[old])) }
+            .map_err(|m| format!("byte {k} changed under us ({:#04x})", m.found[0]))?;
+    }
+    Ok(())
+}
+
+fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
+    let mut skip = |why: String| *report.skipped.entry(why).or_default() += 1;
+    let mut sleds = Vec::new();
+    {
+        let mem = LiveMemory { modules: &s.modules };
+        let mut seen = std::collections::HashSet::new();
+        for &rec in &m.sleds {
+            let (entry, func) = patchable::entry_of(rec, &m.symbols);
+            if !seen.insert(entry) || sitetable::get(key::site(entry)).is_some() {
+                continue;
+            }
+            match patchable::sled_at(&mem, rec, entry) {
+                Ok(sl) => sleds.push((sl, func.unwrap_or(entry))),
+                Err(e @ (SledError::Unreadable | SledError::TooShort(_) | SledError::NoBoundary)) => {
+                    skip(e.to_string())
+                }
+            }
+        }
+    }
+    sleds.retain(|(sl, _)| {
+        if !sl.needs_normalising() {
+            return true;
+        }
+        match normalise(sl.entry) {
+            Ok(()) => {
+                report.normalised += 1;
+                true
+            }
+            Err(e) => {
+                crate::log::warn(format_args!("sled at {:#x} not normalised: {e}", sl.entry));
+                skip("could not be normalised".into());
+                false
+            }
+        }
+    });
+    if sleds.is_empty() {
+        return;
+    }
+    let base = registry::count();
+    if base as usize + 2 * sleds.len() > registry::MAX_PROBES
+        || (base as usize + 2 * sleds.len()) * 5 > sitetable::CAPACITY
+    {
+        crate::log::warn(format_args!(
+            "probe tables full; {} sleds of {} not registered",
+            sleds.len(),
+            m.path
+        ));
+        skip("probe tables full".into());
+        return;
+    }
+    let ids: Vec<u32> = (0..sleds.len() as u32).map(|i| base + 2 * i).collect();
+    let lo = sleds.iter().map(|x| x.0.entry).min().unwrap_or(0) as usize;
+    let hi = sleds.iter().map(|x| x.0.entry).max().unwrap_or(0) as usize;
+    let Some(stubs) = trampoline::make_stubs(lo, hi, &ids) else {
+        crate::log::warn(format_args!(
+            "no memory within reach of {}; its sleds are not registered",
+            m.path
+        ));
+        *report.skipped.entry("no stub memory in reach".into()).or_default() += sleds.len();
+        return;
+    };
+    for (((sl, func), &id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+        let rel = stub as i64 - (sl.entry as i64 + SLED_LEN as i64);
+        // SAFETY: the sled is one 5-byte NOP instruction at a function entry
+        // (validated and normalised above) that this runtime owns from now
+        // on; its active form calls the stub, which preserves what the entry
+        // depends on (see `trampoline`).
+        let call = match unsafe { CallSite::prepared(sl.entry as *mut u8, Form::CallRel32, rel as i32) } {
+            Ok(c) => c,
+            Err(e) => {
+                crate::log::warn(format_args!("sled at {:#x} cannot be toggled: {e}", sl.entry));
+                skip("cannot be toggled".into());
+                // Its ids are taken by the stub area; keep numbering dense
+                // by registering nothing after a gap: stop here.
+                break;
+            }
+        };
+        let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call)));
+        let name = s.name_of(*func);
+        let split = wordpatch::split(sl.entry as usize, SLED_LEN) as u8;
+        let mut pushed = [0u32; 2];
+        for (k, kind) in [ProbeKind::Entry, ProbeKind::Exit].into_iter().enumerate() {
+            let p = registry::push(|pid| Probe {
+                meta: ProbeMeta {
+                    id: pid,
+                    kind,
+                    function: *func as usize,
+                    function_name: name,
+                    site: sl.entry as usize,
+                    site_len: SLED_LEN as u8,
+                    split,
+                    form: Some(SiteForm::Sled),
+                    provider: Provider::Patchable,
+                    arg_rewritten: false,
+                },
+                handler: AtomicUsize::new(0),
+                state: AtomicU8::new(0),
+                lock: AtomicBool::new(false),
+                unloaded: AtomicBool::new(false),
+                rewrite_at: AtomicU64::new(0),
+                module: m.index,
+                site: None,
+                sled: Some(sled),
+                tool: AtomicU64::new(0),
+                inactive_hits: AtomicU64::new(0),
+            });
+            pushed[k] = p.map_or(u32::MAX, |p| p.meta.id);
+        }
+        if pushed != [id, id + 1] {
+            // Cannot happen while the discovery lock serialises pushes and
+            // the capacity check above holds; never leave a stub pointing
+            // at someone else's id.
+            crate::log::error(format_args!(
+                "sled probe ids {pushed:?} are not the stub's {id}; registration stops"
+            ));
+            break;
+        }
+        sitetable::insert(key::site(sl.entry), id);
+        sitetable::insert(key::patched(sl.entry), SLED_LEN as u32);
+        FUNCTIONS.fetch_add(1, Ordering::Relaxed);
+        report.functions += 1;
+        for pid in [id, id + 1] {
+            announce(s, pid);
+        }
+    }
+}
+
+fn announce(s: &State, id: ProbeId) {
+    let Some(p) = registry::get(id) else { return };
+    let meta = p.meta();
+    crate::hooks::IN_DISCOVERY.with(|d| d.set(true));
+    for cb in &s.callbacks {
+        cb.call(&meta);
+    }
+    crate::hooks::IN_DISCOVERY.with(|d| d.set(false));
+}

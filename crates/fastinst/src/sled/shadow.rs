@@ -1,0 +1,418 @@
+//! Exit probes by return-address substitution, with a per-thread shadow
+//! stack (as ftrace's function-graph tracer and uftrace do).
+//!
+//! When a function's exit probe is on, its entry trampoline saves the
+//! function's return address on this thread's shadow stack, with the
+//! function's CFA, and replaces it by the exit trampoline's address. When
+//! the function returns there, the runtime finds the entry for that CFA,
+//! runs the exit probe and returns to the saved address.
+//!
+//! What keeps the stack right:
+//! - **The match is exact.** An exit takes the topmost entry whose CFA is
+//!   the returning frame's; everything above it was pushed later on this
+//!   thread and has not returned, so it can never return (`longjmp`, an
+//!   exception, a signal handler left by `siglongjmp`): it is dropped and
+//!   counted.
+//! - **Dead entries go at the next entry too.** A new frame's CFA is below
+//!   every live frame's, so an entry with a lower CFA (or the same CFA, when
+//!   the new frame was not tail-called from the old one) is dead. The one
+//!   exception is a signal handler running on an alternate stack, where
+//!   addresses say nothing about the interrupted stack: there only entries
+//!   on the alternate stack are dropped (one `sigaltstack` query, made only
+//!   when something looks dead).
+//! - **Tail calls chain.** A function that was jumped to from a substituted
+//!   frame finds the exit trampoline as its return address; it is saved like
+//!   any other, so the callee's exit runs first and returns into the exit
+//!   trampoline again, which then runs the caller's exit, both when the
+//!   callee returns (which is when the caller returns too). Its handlers
+//!   are told it was called from the function that jumped to it. A tail call
+//!   from a frame that was not substituted cannot be seen: the callee looks
+//!   called by the caller's caller, whose frame it will return to.
+//! - **Unwinding never sees a substituted address.** Before an exception
+//!   or `pthread_exit` unwinds ([`super::unwind`]), every substituted slot of
+//!   the thread gets its original address back and its entry is marked
+//!   restored: those frames' exits are lost (and counted), never wrong.
+//! - **Signal safety.** A signal handler may run instrumented code at any
+//!   point of these functions, on the same thread. A push writes a sentinel
+//!   entry (CFA `u64::MAX`, never dead, never matched) before it raises the
+//!   top, and fills it after; a pop reads its entry before it lowers the
+//!   top. A handler's pushes and pops stay above the interrupted one's.
+//! - **Bounded.** [`CAPACITY`] entries per thread: a call that would
+//!   overflow is not substituted (its exit is lost and counted). Threads free
+//!   their stack when they exit.
+//!
+//! Not supported: user-level stack switching (`swapcontext`, green
+//! threads) while exit probes are on. A return that finds no entry cannot be
+//! continued; the process is stopped with a message saying so.
+
+use crate::hooks;
+use crate::registry::{self, ON};
+use std::sync::atomic::{compiler_fence, AtomicU64, Ordering};
+
+use super::trampoline;
+
+/// Shadow entries per thread.
+pub const CAPACITY: usize = 8191;
+
+/// Calls whose exit could not be watched: the thread's shadow stack was
+/// full or could not be allocated.
+pub(crate) static FULL: AtomicU64 = AtomicU64::new(0);
+/// Entries dropped because their frames can no longer return normally.
+pub(crate) static ABANDONED: AtomicU64 = AtomicU64::new(0);
+/// Substituted return addresses put back before unwinding.
+pub(crate) static RESTORED: AtomicU64 = AtomicU64::new(0);
+/// Exits delivered through the exit trampoline.
+pub(crate) static EXITS: AtomicU64 = AtomicU64::new(0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Entry {
+    cfa: u64,
+    orig: u64,
+    exit: u32,
+    restored: u32,
+}
+
+#[repr(C)]
+struct Stack {
+    top: usize,
+    cap: usize,
+    entries: [Entry; CAPACITY],
+}
+
+const BYTES: usize = std::mem::size_of::<Stack>();
+
+// This thread's shadow stack: one word of initial-exec TLS (see hooks.rs
+// for why not `thread_local!`), read on every sled invocation.
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".type fastinst_sled_shadow,@object",
+    ".size fastinst_sled_shadow,8",
+    "fastinst_sled_shadow:",
+    ".zero 8",
+    ".popsection",
+);
+
+#[inline(always)]
+fn tls_get() -> *mut Stack {
+    let v: usize;
+    // SAFETY: reads this thread's copy of the TLS word above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_sled_shadow@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{t}]",
+            t = out(reg) _, v = out(reg) v, options(nostack, readonly, preserves_flags)
+        )
+    };
+    v as *mut Stack
+}
+
+#[inline(always)]
+fn tls_set(p: *mut Stack) {
+    // SAFETY: writes this thread's copy of the TLS word above.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + fastinst_sled_shadow@GOTTPOFF]",
+            "mov qword ptr fs:[{t}], {v}",
+            t = out(reg) _, v = in(reg) p as usize, options(nostack, preserves_flags)
+        )
+    };
+}
+
+static KEY: std::sync::OnceLock<Option<libc::pthread_key_t>> = std::sync::OnceLock::new();
+
+/// Creates the thread-exit key now (not on a hot path or in a signal
+/// handler).
+pub(crate) fn init() {
+    KEY.get_or_init(|| {
+        let mut k: libc::pthread_key_t = 0;
+        // SAFETY: `free_stack` matches the destructor type.
+        (unsafe { libc::pthread_key_create(&mut k, Some(free_stack)) } == 0).then_some(k)
+    });
+}
+
+unsafe extern "C" fn free_stack(p: *mut libc::c_void) {
+    if tls_get() as *mut libc::c_void == p {
+        tls_set(std::ptr::null_mut());
+    }
+    // SAFETY: `p` is a mapping of BYTES that `alloc` made for this thread,
+    // which is exiting: no frame of it returns through its entries any more.
+    unsafe { libc::munmap(p, BYTES) };
+}
+
+/// This thread's stack, mapped on first use (mmap and pthread_setspecific
+/// with an early key are async-signal-safe in practice: no allocation).
+fn stack_or_alloc() -> *mut Stack {
+    let s = tls_get();
+    if !s.is_null() {
+        return s;
+    }
+    // SAFETY: anonymous private mapping; zero-filled, so top = 0.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return std::ptr::null_mut();
+    }
+    let s = p as *mut Stack;
+    // SAFETY: the fresh mapping is ours.
+    unsafe { (*s).cap = CAPACITY };
+    tls_set(s);
+    if let Some(Some(k)) = KEY.get() {
+        // SAFETY: a key this module created.
+        unsafe { libc::pthread_setspecific(*k, p) };
+    }
+    s
+}
+
+// Every access goes through these volatile helpers: a signal handler on
+// this thread may change the stack between any two of them.
+#[inline(always)]
+fn top(s: *mut Stack) -> usize {
+    // SAFETY: `s` is this thread's live stack.
+    unsafe { std::ptr::addr_of!((*s).top).read_volatile() }
+}
+
+#[inline(always)]
+fn set_top(s: *mut Stack, v: usize) {
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { std::ptr::addr_of_mut!((*s).top).write_volatile(v) };
+    compiler_fence(Ordering::SeqCst);
+}
+
+#[inline(always)]
+fn entry(s: *mut Stack, i: usize) -> Entry {
+    // SAFETY: `i < CAPACITY` (callers index below the top).
+    unsafe { std::ptr::addr_of!((*s).entries[i]).read_volatile() }
+}
+
+#[inline(always)]
+fn set_entry(s: *mut Stack, i: usize, e: Entry) {
+    // SAFETY: as above.
+    unsafe { std::ptr::addr_of_mut!((*s).entries[i]).write_volatile(e) };
+}
+
+/// The caller of a frame at `cfa` entered by a tail call from a
+/// substituted frame (its return address is the exit trampoline): a
+/// return address inside the function that made the tail call (its sled's
+/// end), found from the topmost entry below index `below` with that CFA.
+/// The entry and the exit of the tail-called frame name the same caller.
+fn chained_caller(s: *mut Stack, cfa: u64, below: usize) -> u64 {
+    (0..below)
+        .rev()
+        .map(|i| entry(s, i))
+        .find(|e| e.cfa == cfa && e.restored == 0)
+        .and_then(|e| registry::get(e.exit))
+        .map_or(0, |p| (p.meta.site + patchable_len()) as u64)
+}
+
+fn patchable_len() -> usize {
+    providers::patchable::SLED_LEN
+}
+
+/// Whether entries below the current frame may be dropped: not when this
+/// code runs on an alternate signal stack and the entry is elsewhere.
+fn may_drop(cfa: u64) -> bool {
+    let mut ss: libc::stack_t = libc::stack_t {
+        ss_sp: std::ptr::null_mut(),
+        ss_flags: 0,
+        ss_size: 0,
+    };
+    // SAFETY: querying only (NULL new stack); sigaltstack is async-signal-safe.
+    if unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) } != 0 || ss.ss_flags & libc::SS_ONSTACK == 0 {
+        return true;
+    }
+    let lo = ss.ss_sp as u64;
+    cfa > lo && cfa <= lo + ss.ss_size as u64
+}
+
+fn prune(s: *mut Stack, cfa: u64, chained: bool) {
+    let mut checked = false;
+    loop {
+        let t = top(s);
+        if t == 0 {
+            return;
+        }
+        let e = entry(s, t - 1);
+        let dead = e.cfa < cfa || (e.cfa == cfa && !chained);
+        if !dead {
+            return;
+        }
+        if !checked {
+            if !may_drop(e.cfa) {
+                return;
+            }
+            checked = true;
+        }
+        if e.restored == 0 {
+            ABANDONED.fetch_add(1, Ordering::Relaxed);
+        }
+        set_top(s, t - 1);
+    }
+}
+
+/// Called by the entry trampoline with the entry probe `id` and the address
+/// of the function's return-address slot.
+pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64) {
+    if hooks::guard_get() {
+        // A handler's own calls are not probed (the recursion guard).
+        crate::stats::bump(&crate::stats::DROPPED_NESTED);
+        return;
+    }
+    // SAFETY: the trampoline passes the slot just above its own frame, which
+    // holds the function's return address.
+    let ret = unsafe { slot.read() };
+    let cfa = slot as u64 + 8;
+    let tramp = trampoline::return_addr();
+    let chained = ret == tramp;
+    let caller = if chained {
+        let s = tls_get();
+        if s.is_null() {
+            0
+        } else {
+            chained_caller(s, cfa, top(s))
+        }
+    } else {
+        ret
+    };
+    hooks::fire(id, caller, slot as u64, cfa);
+    let Some(x) = registry::get(id + 1) else { return };
+    if x.state.load(Ordering::Relaxed) & ON == 0 {
+        return;
+    }
+    let s = stack_or_alloc();
+    if s.is_null() {
+        FULL.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    prune(s, cfa, chained);
+    let t = top(s);
+    if t >= CAPACITY {
+        FULL.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    set_entry(
+        s,
+        t,
+        Entry {
+            cfa: u64::MAX,
+            orig: 0,
+            exit: 0,
+            restored: 1,
+        },
+    );
+    set_top(s, t + 1);
+    set_entry(
+        s,
+        t,
+        Entry {
+            cfa,
+            orig: ret,
+            exit: id + 1,
+            restored: 0,
+        },
+    );
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: as above; from here the function returns to the exit
+    // trampoline, which finds the entry just written.
+    unsafe { slot.write(tramp) };
+}
+
+fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) of a static buffer, then abort: async-signal-safe.
+    unsafe {
+        libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+        libc::abort()
+    }
+}
+
+/// Called by the exit trampoline with the returning function's CFA;
+/// returns the address to continue at (also written just below the CFA).
+pub(crate) extern "C" fn sled_return(cfa: u64) -> u64 {
+    let s = tls_get();
+    if s.is_null() {
+        fatal(b"fastinst: a function returned to the exit trampoline on a thread without a shadow stack; aborting\n");
+    }
+    let t = top(s);
+    let Some(i) = (0..t).rev().find(|&i| {
+        let e = entry(s, i);
+        e.restored == 0 && e.cfa == cfa
+    }) else {
+        fatal(
+            b"fastinst: a function returned to the exit trampoline with no shadow-stack entry \
+(user-level stack switching such as swapcontext is not supported while exit probes are on); aborting\n",
+        )
+    };
+    let e = entry(s, i);
+    let caller = if e.orig == trampoline::return_addr() {
+        chained_caller(s, cfa, i)
+    } else {
+        e.orig
+    };
+    let dropped = (i + 1..t).filter(|&j| entry(s, j).restored == 0).count();
+    if dropped > 0 {
+        ABANDONED.fetch_add(dropped as u64, Ordering::Relaxed);
+    }
+    set_top(s, i);
+    let slot = (cfa - 8) as *mut u64;
+    // SAFETY: the exit trampoline reserved this slot (its first push) for
+    // the address it returns through.
+    unsafe { slot.write(e.orig) };
+    EXITS.fetch_add(1, Ordering::Relaxed);
+    if !hooks::guard_get() {
+        hooks::fire(e.exit, caller, slot as u64, cfa);
+    }
+    e.orig
+}
+
+/// Puts every substituted return address of this thread back, so that an
+/// unwinder walking the stack sees only real ones. The entries stay, marked
+/// restored; their exits are lost.
+pub(crate) fn restore_all() {
+    let s = tls_get();
+    if s.is_null() {
+        return;
+    }
+    let tramp = trampoline::return_addr();
+    let here = &tramp as *const u64 as u64;
+    for i in (0..top(s)).rev() {
+        let mut e = entry(s, i);
+        if e.restored != 0 {
+            continue;
+        }
+        // A frame below this one's stack pointer is gone (and its memory may
+        // hold anything): only live frames are touched.
+        if e.cfa > here {
+            let slot = (e.cfa - 8) as *mut u64;
+            // SAFETY: a live frame's return-address slot on this thread's
+            // stack, which the entry trampoline substituted.
+            unsafe {
+                if slot.read_volatile() == tramp {
+                    slot.write_volatile(e.orig);
+                    RESTORED.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        e.restored = 1;
+        set_entry(s, i, e);
+    }
+}
+
+/// Entries on this thread's shadow stack now (for tests).
+pub fn depth() -> usize {
+    let s = tls_get();
+    if s.is_null() {
+        0
+    } else {
+        top(s)
+    }
+}

@@ -1,0 +1,154 @@
+//! One function's sled: the site its entry and exit probes share, and how
+//! it is switched.
+//!
+//! The sled's code is on while either probe is on: the entry trampoline
+//! runs the entry probe's handler if it has one and substitutes the return
+//! address if the exit probe is on. Each probe's own state is its `ON` bit;
+//! the code's state lives here, under the sled's own lock (taken after the
+//! probe's lock), so the two probes of a function can be toggled from
+//! different threads.
+//!
+//! Forms: on is `call rel32` to the function's stub. Off is, by strategy:
+//! - `flip` and `paper`: callpatch in paper mode (a NOP, a short jump over
+//!   the rest at the 2|3, 3|2 and 4|1 splits, a call to a `ret` at the 1|4
+//!   split). Flipping the opcode to a `mov eax` is never used here: at a
+//!   function entry `eax` may carry the vector count of a varargs call.
+//!   Where no `ret` trampoline can be placed, `word-sync` is used instead.
+//! - `word-sync`, `word-async`: wordpatch back to the sled's NOP (the INT3
+//!   protocol when the sled straddles a line), which is also the state
+//!   every sled starts in.
+
+use crate::error::{Error, Result};
+use crate::probe::{ProbeId, ProbeKind, Strategy};
+use crate::registry::{self, Probe, ON};
+use callpatch::{CallSite, Mode};
+use providers::patchable::SLED_LEN;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use wordpatch::{PatchOptions, Progress};
+
+/// A function's sled.
+pub(crate) struct Sled {
+    /// The entry probe's id; the exit probe's is the next.
+    pub entry: ProbeId,
+    /// The inactive bytes the sled started as.
+    pub off: [u8; SLED_LEN],
+    /// The callpatch view: `call rel32` to the stub.
+    pub call: CallSite,
+    /// `ON`, or the strategy that switched the code off.
+    pub code: AtomicU8,
+    lock: AtomicBool,
+}
+
+struct Guard<'a>(&'a AtomicBool);
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl Sled {
+    pub(crate) fn new(entry: ProbeId, off: [u8; SLED_LEN], call: CallSite) -> Sled {
+        Sled {
+            entry,
+            off,
+            call,
+            code: AtomicU8::new(Strategy::WordSync as u8),
+            lock: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> Guard<'_> {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        Guard(&self.lock)
+    }
+
+    fn word(&self, id: ProbeId, new: &[u8], old: &[u8], async_: bool) -> Result<()> {
+        let at = self.call.addr() as *mut u8;
+        while wordpatch::finish_patch(at) == Progress::InFlight {
+            std::hint::spin_loop();
+        }
+        let opts = PatchOptions {
+            expected: Some(old),
+            wait: None,
+        };
+        // SAFETY: the sled is one 5-byte instruction (normalised at
+        // registration) that this runtime owns; `old` and `new` are both
+        // whole instructions of that length (its NOP and the call to its
+        // stub), so every thread sees one or the other (wordpatch locks a
+        // straddling sled with INT3 while it writes).
+        let r = unsafe {
+            if async_ {
+                wordpatch::start_patch(at, new, &opts).map(|_| ())
+            } else {
+                wordpatch::patch_with(at, new, &opts)
+            }
+        };
+        r.map_err(|source| Error::WordPatch { id, source })
+    }
+
+    fn switch_on(&self, id: ProbeId, code: u8) -> Result<()> {
+        match Strategy::from_u8(code) {
+            Strategy::Flip | Strategy::Paper => {
+                self.call.activate().map_err(|source| Error::Patch { id, source })?;
+            }
+            s @ (Strategy::WordSync | Strategy::WordAsync) => {
+                self.word(id, self.call.on(), &self.off, s == Strategy::WordAsync)?;
+            }
+        }
+        self.code.store(ON, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn switch_off(&self, id: ProbeId) -> Result<()> {
+        let s = match crate::strategy() {
+            Strategy::Flip | Strategy::Paper => match self.call.deactivate(Mode::Paper) {
+                Ok(()) => Strategy::Paper,
+                Err(callpatch::Error::NoTrampoline { .. }) => {
+                    self.word(id, &self.off, self.call.on(), false)?;
+                    Strategy::WordSync
+                }
+                Err(source) => return Err(Error::Patch { id, source }),
+            },
+            s @ (Strategy::WordSync | Strategy::WordAsync) => {
+                self.word(id, &self.off, self.call.on(), s == Strategy::WordAsync)?;
+                s
+            }
+        };
+        self.code.store(s as u8, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Switches sled probe `p` on or off; the sled's code follows "either probe
+/// on". The caller holds `p`'s lock.
+pub(crate) fn set_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
+    let id = p.meta.id;
+    if p.unloaded.load(Ordering::Acquire) {
+        return Err(Error::Unloaded(id));
+    }
+    let _g = sled.lock();
+    let partner = if p.meta.kind == ProbeKind::Entry {
+        sled.entry + 1
+    } else {
+        sled.entry
+    };
+    let partner_on = registry::get(partner).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
+    let want = on || partner_on;
+    let code = sled.code.load(Ordering::Relaxed);
+    if (code & ON != 0) != want {
+        if want {
+            sled.switch_on(id, code)?;
+        } else {
+            sled.switch_off(id)?;
+        }
+    }
+    p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
+    Ok(())
+}
