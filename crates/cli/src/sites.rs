@@ -13,12 +13,13 @@ pub const USAGE: &str = "\
 usage: fastinst sites [options] FILE
 
 Lists the probe sites of an ELF executable or shared library built with
--finstrument-functions, as the runtime would recognise them: each hook call
-or tail jump with its function, entry/exit, form (call, plt, got, tail,
-tail-plt, tail-got), address (the file's) and straddle split (bytes in the
-first|second 64-byte line, `-` when it does not straddle); then totals.
-A site in an inlined function is listed under the function it was inlined
-into.
+-finstrument-functions or -fpatchable-function-entry=5, as the runtime would
+recognise them: each hook call or tail jump, and each entry NOP sled, with
+its function, entry/exit, form (call, plt, got, tail, tail-plt, tail-got,
+sled), address (the file's) and straddle split (bytes in the first|second
+64-byte line, `-` when it does not straddle); then totals. A hook site in an
+inlined function is listed under the function it was inlined into; a sled
+site stands for both the entry and the exit probe of its function.
 
 options:
   --straddlers      list only the sites that straddle a cache line
@@ -144,7 +145,8 @@ pub fn load(path: &Path) -> Result<FileSites> {
         return Err(CliError::BadFile {
             path: path.into(),
             problem: "no probe sites: it neither calls nor defines __cyg_profile_func_enter/exit \
-                      (was it built with -finstrument-functions?)"
+                      and has no __patchable_function_entries table (was it built with \
+                      -finstrument-functions or -fpatchable-function-entry=5?)"
                 .into(),
         });
     }
@@ -202,6 +204,14 @@ pub fn render_text(a: &SitesArgs, s: &FileSites) -> String {
         if splits.is_empty() { "" } else { ": " },
         splits.join(", ")
     );
+    if !s.unusable_sleds.is_empty() {
+        let list: Vec<String> = s
+            .unusable_sleds
+            .iter()
+            .map(|(a, why)| format!("{a:#x}: {why}"))
+            .collect();
+        let _ = writeln!(out, "sleds left alone: {}", list.join("; "));
+    }
     if !s.undecodable.is_empty() {
         let _ = writeln!(
             out,
@@ -245,6 +255,7 @@ pub fn render_json(a: &SitesArgs, s: &FileSites) -> String {
         "straddling": t.straddling(),
         "straddlers_by_split": t.straddlers,
         "undecodable": s.undecodable,
+        "unusable_sleds": s.unusable_sleds.iter().map(|(a, why)| serde_json::json!({"address": format!("{a:#x}"), "why": why})).collect::<Vec<_>>(),
         "sites": sites,
     });
     serde_json::to_string_pretty(&v).expect("plain JSON values serialise") + "\n"
@@ -258,13 +269,14 @@ pub fn run(a: &SitesArgs) -> Result<()> {
 }
 
 /// The forms a site listing can show (for documentation tests).
-pub const FORMS: [SiteForm; 6] = [
+pub const FORMS: [SiteForm; 7] = [
     SiteForm::Call,
     SiteForm::CallPlt,
     SiteForm::CallGot,
     SiteForm::TailJmp,
     SiteForm::TailJmpPlt,
     SiteForm::TailJmpGot,
+    SiteForm::Sled,
 ];
 
 #[cfg(test)]

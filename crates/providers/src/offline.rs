@@ -10,6 +10,11 @@
 //! they do in a running process. A file that defines the hooks itself (a
 //! static link) uses the symbols' own addresses.
 //!
+//! `-fpatchable-function-entry` sleds come from their ELF table and are
+//! validated as the runtime validates them ([`patchable::sled_at`]); each
+//! is listed once, as an entry site of form `sled` (its exit probe has no
+//! site of its own).
+//!
 //! Addresses are the file's virtual addresses. A PIE or shared object is
 //! moved by a page-aligned load bias at run time, which keeps every offset
 //! within a 64-byte line, so a site's straddle split is the same here as in
@@ -17,8 +22,9 @@
 
 use crate::decode::{Step, Stream};
 use crate::elf::{ElfError, SymbolTable};
-use crate::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks};
+use crate::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks, SiteForm};
 use crate::memory::Image;
+use crate::patchable;
 use goblin::elf::{program_header::PT_LOAD, reloc, Elf};
 use iced_x86::FlowControl;
 
@@ -55,6 +61,9 @@ pub struct FileSites {
     /// Function symbols whose bodies stopped decoding before their end (data
     /// in code); sites after that point are not listed.
     pub undecodable: Vec<String>,
+    /// `-fpatchable-function-entry` sleds the runtime would leave alone:
+    /// the entry address and why.
+    pub unusable_sleds: Vec<(u64, String)>,
 }
 
 /// The `-finstrument-functions` probe sites of the ELF file `bytes`.
@@ -70,10 +79,34 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
     }
     let (hooks, has_hooks) = bind_hooks(&elf, &mut image);
     let symbols = SymbolTable::from_elf(bytes, 0)?;
+    let table = patchable::table(&elf, bytes);
     let mut out = FileSites {
-        has_hooks,
+        has_hooks: has_hooks || !table.is_empty(),
         ..FileSites::default()
     };
+    let mut seen = std::collections::HashSet::new();
+    for rec in table {
+        let (entry, func) = patchable::entry_of(rec, &symbols);
+        if !seen.insert(entry) {
+            continue;
+        }
+        match patchable::sled_at(&image, rec, entry) {
+            Ok(_) => {
+                let f = func.and_then(|a| symbols.containing(a));
+                out.sites.push(FileSite {
+                    site: HookSite {
+                        addr: entry,
+                        kind: HookKind::Enter,
+                        form: SiteForm::Sled,
+                        operand: 0,
+                    },
+                    function: f.map(|f| f.name.clone()).unwrap_or_default(),
+                    function_start: f.map_or(entry, |f| f.start),
+                })
+            }
+            Err(e) => out.unusable_sleds.push((entry, e.to_string())),
+        }
+    }
     for f in symbols.iter().filter(|f| f.size > 0) {
         out.functions += 1;
         if !has_hooks {
@@ -105,6 +138,7 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
             function_start: f.start,
         }));
     }
+    out.sites.sort_by_key(|s| s.site.addr);
     Ok(out)
 }
 
