@@ -3,7 +3,8 @@
 //! Builds per program and compiler: the plain build (`-O2`) and the
 //! instrumented one (gcc `-O2 -finstrument-functions`; clang `-O2
 //! -finstrument-functions-after-inlining`, which puts hooks only in
-//! functions that survive inlining). Workloads are deterministic and their
+//! functions that survive inlining; and `-O2 -fpatchable-function-entry=5`
+//! with either, the sled provider's builds). Workloads are deterministic and their
 //! output is compared across every configuration.
 
 use crate::error::{EvalError, Result};
@@ -18,14 +19,32 @@ pub enum Compiler {
     Gcc,
     /// clang.
     Clang,
+    /// gcc with `-fpatchable-function-entry=5` (the sled provider).
+    GccSled,
+    /// clang with `-fpatchable-function-entry=5`.
+    ClangSled,
 }
 
 impl Compiler {
+    /// Every build kind.
+    pub const ALL: [Compiler; 4] = [Compiler::Gcc, Compiler::Clang, Compiler::GccSled, Compiler::ClangSled];
+
     /// The command.
     pub fn command(self) -> &'static str {
         match self {
+            Compiler::Gcc | Compiler::GccSled => "gcc",
+            Compiler::Clang | Compiler::ClangSled => "clang",
+        }
+    }
+
+    /// Its name on the command line and in file names: `gcc`, `clang`,
+    /// `gcc-sled`, `clang-sled`.
+    pub fn name(self) -> &'static str {
+        match self {
             Compiler::Gcc => "gcc",
             Compiler::Clang => "clang",
+            Compiler::GccSled => "gcc-sled",
+            Compiler::ClangSled => "clang-sled",
         }
     }
 
@@ -34,6 +53,7 @@ impl Compiler {
         match self {
             Compiler::Gcc => "-finstrument-functions",
             Compiler::Clang => "-finstrument-functions-after-inlining",
+            Compiler::GccSled | Compiler::ClangSled => "-fpatchable-function-entry=5",
         }
     }
 
@@ -232,12 +252,13 @@ pub fn build_all(
         let root = &sources[program.crate_name()];
         for &compiler in compilers {
             for instrumented in [false, true] {
-                let path = bin.join(format!(
-                    "{}-{}-{}",
-                    program.name(),
-                    compiler.command(),
-                    if instrumented { "inst" } else { "plain" }
-                ));
+                // Plain builds depend on the compiler only.
+                let path = bin.join(if instrumented {
+                    format!("{}-{}-inst", program.name(), compiler.name())
+                } else {
+                    format!("{}-{}-plain", program.name(), compiler.command())
+                });
+                let shared = jobs.iter().any(|(b, _): &(Binary, Vec<String>)| b.path == path);
                 let mut args = vec!["-O2".to_string()];
                 if instrumented {
                     args.push(compiler.instrument_flag().into());
@@ -251,7 +272,7 @@ pub fn build_all(
                         instrumented,
                         path,
                     },
-                    args,
+                    if shared { Vec::new() } else { args },
                 ));
             }
         }
@@ -263,6 +284,9 @@ pub fn build_all(
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((b, args)) = jobs.get(i) else { break };
+                if args.is_empty() {
+                    continue; // the same plain binary as an earlier job
+                }
                 if let Err(e) = build_one(b, args) {
                     errors.lock().unwrap().push(e);
                 }

@@ -172,7 +172,7 @@ fn read_stats(dir: &Path) -> Result<ProfileStats> {
 /// Runs every configuration of `plain` / `inst` (the same program and
 /// compiler) for the rounds asked.
 pub fn measure_row(opts: &Options, plain: &Binary, inst: &Binary, args: &[String]) -> Result<Row> {
-    let tag = format!("{}-{}", plain.program.name(), plain.compiler.command());
+    let tag = format!("{}-{}", plain.program.name(), plain.compiler.name());
     let mut series: Vec<Series> = CONFIGS
         .iter()
         .map(|&config| Series {
@@ -281,7 +281,7 @@ pub fn render_markdown(rows: &[Row], programs: &[Program], header: &str) -> Stri
         );
     }
     let _ = writeln!(s);
-    for c in [Compiler::Gcc, Compiler::Clang] {
+    for c in Compiler::ALL {
         let v: Vec<f64> = rows
             .iter()
             .filter(|r| r.compiler == c)

@@ -91,6 +91,24 @@ unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: 
     0
 }
 
+unsafe extern "C" fn adds(info: *mut libc::dl_phdr_info, size: usize, data: *mut libc::c_void) -> libc::c_int {
+    if size >= std::mem::size_of::<libc::dl_phdr_info>() {
+        // SAFETY: the loader passes a valid info of `size` bytes and `data`
+        // is the u64 `load_count` passed.
+        unsafe { *(data as *mut u64) = (*info).dlpi_adds };
+    }
+    1
+}
+
+/// How many modules the loader has loaded so far (its `dlpi_adds`
+/// counter): a cheap test for "has anything been `dlopen`ed since".
+pub(crate) fn load_count() -> u64 {
+    let mut n = 0u64;
+    // SAFETY: `adds` matches the callback type and only writes `n`.
+    unsafe { libc::dl_iterate_phdr(Some(adds), &mut n as *mut u64 as *mut libc::c_void) };
+    n
+}
+
 fn scan() -> Vec<Seen> {
     let mut out: Vec<Seen> = Vec::new();
     // SAFETY: `collect` matches the callback type and only touches `out`.

@@ -115,6 +115,7 @@ fn start() {
     let t0 = wordpatch::tsc::now();
     let sleds = crate::sled::load();
     if sleds.functions > 0 {
+        crate::sled::watch();
         log::info(format_args!(
             "{} patchable entries in {} modules registered ({} normalised) in {} ticks",
             sleds.functions,
@@ -224,40 +225,11 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     crate::profile::fork_child();
+    crate::sled::watch_after_fork();
     fork_release();
     if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
         tools::reset_counts();
     }
-}
-
-type DlopenFn = unsafe extern "C" fn(*const libc::c_char, c_int) -> *mut c_void;
-
-fn real_dlopen() -> Option<DlopenFn> {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    // SAFETY: RTLD_NEXT lookup of a libc symbol.
-    let p = *REAL.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) } as usize);
-    // SAFETY: a non-null `dlopen` symbol has this signature.
-    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlopenFn>(p) })
-}
-
-/// Interposes `dlopen`: the patchable entries of the library (and of the
-/// libraries it brought in) are registered before it returns, so the
-/// discovery callbacks hear of them before the caller can look up a symbol.
-/// (Its constructors have run by then, on NOP sleds.)
-///
-/// # Safety
-/// As `dlopen(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn dlopen(file: *const libc::c_char, flags: c_int) -> *mut c_void {
-    let Some(real) = real_dlopen() else {
-        return std::ptr::null_mut();
-    };
-    // SAFETY: forwarded.
-    let h = unsafe { real(file, flags) };
-    if !h.is_null() && STATE.lock().is_some() && !crate::hooks::IN_DISCOVERY.with(|d| d.get()) {
-        let _ = std::panic::catch_unwind(crate::sled::load);
-    }
-    h
 }
 
 type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;

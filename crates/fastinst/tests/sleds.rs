@@ -188,12 +188,16 @@ fn shared_library_linked_and_dlopened() {
             .collect()
     };
     // lib_entry: twice in the linked library, once per round in the copy,
-    // whose sleds are registered by the dlopen interposer (three modules
+    // whose sleds the watcher thread registers (the program waits 50 ms) (three modules
     // at one address, counted together). The copy's calls of lib_leaf bind
     // to the linked library's (global scope first): 100 + 10 + 50 + 51 + 52.
-    let mut entry = counts("lib_entry");
-    entry.sort();
-    assert_eq!(entry, vec![2, 3], "{text}");
+    // The copy's registration is asynchronous (the watcher polls every
+    // 10 ms; the program waits 50 ms per round, which a loaded machine may
+    // stretch), so at least one of its three rounds is counted.
+    let entry = counts("lib_entry");
+    assert!(entry.contains(&2), "linked library: {text}");
+    let copy: u64 = entry.iter().sum::<u64>() - 2;
+    assert!((1..=3).contains(&copy), "dlopened copy registered: {text}");
     assert_eq!(counts("lib_leaf").iter().sum::<u64>(), 263, "{text}");
     assert_eq!(calls_of(&files[0], "local"), Some(2));
 }

@@ -20,7 +20,8 @@ options:
   --rounds N          measured rounds (one warm-up round comes first)
   --all-on-rounds N   rounds that include the all-on configuration (0: none)
   --programs LIST     subset of bzip2,quickjs,sqlite
-  --compilers LIST    subset of gcc,clang
+  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
+                      -fpatchable-function-entry=5 builds)
   --work DIR          builds and scratch (default: target/fastinst-eval)
   --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
   --json PATH         also write every run as JSON
@@ -42,7 +43,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         rounds: 7,
         all_on_rounds: 1,
         programs: PROGRAMS.to_vec(),
-        compilers: vec![Compiler::Gcc, Compiler::Clang],
+        compilers: Compiler::ALL.to_vec(),
         work: PathBuf::from("target/fastinst-eval"),
         lib: None,
         json: None,
@@ -80,7 +81,11 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
                     .map(|c| match c {
                         "gcc" => Ok(Compiler::Gcc),
                         "clang" => Ok(Compiler::Clang),
-                        _ => Err(usage(format!("--compilers: `{c}` is not gcc or clang"))),
+                        "gcc-sled" => Ok(Compiler::GccSled),
+                        "clang-sled" => Ok(Compiler::ClangSled),
+                        _ => Err(usage(format!(
+                            "--compilers: `{c}` is not gcc, clang, gcc-sled or clang-sled"
+                        ))),
                     })
                     .collect::<Result<_>>()?
             }

@@ -9,8 +9,12 @@
 //! ([`trampoline`]), and registers two probes per function, entry then
 //! exit, both off. Every callback hears of them at once: sites are known up
 //! front, not on first call. The preload library calls [`load`] from its
-//! constructor and after every `dlopen`; a program that links the crate
-//! calls it itself.
+//! constructor and, when the program has sleds, from a watcher thread that
+//! looks at the loader's module counter every 10 ms, so a library
+//! `dlopen`ed later has its probes within about 10 ms. (Interposing
+//! `dlopen` would be sooner, but it would make `libfastinst.so` the caller
+//! glibc resolves the application's `DT_RUNPATH` and `$ORIGIN` against.)
+//! A program that links the crate calls [`load`] itself.
 //!
 //! An entry probe runs its handler from the entry trampoline; an exit probe
 //! is a substituted return address ([`shadow`]). Everything else (the API,
@@ -264,6 +268,43 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         for pid in [id, id + 1] {
             announce(s, pid);
         }
+    }
+}
+
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+/// Starts the thread that registers the sleds of libraries loaded later
+/// (once; see the module doc).
+pub fn watch() {
+    if WATCHING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    spawn_watcher();
+}
+
+fn spawn_watcher() {
+    let r = std::thread::Builder::new().name("fastinst-sleds".into()).spawn(|| {
+        let mut seen = crate::modules::load_count();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let n = crate::modules::load_count();
+            if n != seen {
+                seen = n;
+                let _ = std::panic::catch_unwind(load);
+            }
+        }
+    });
+    if let Err(e) = r {
+        crate::log::warn(format_args!(
+            "no sled watcher thread ({e}): libraries loaded later get no probes"
+        ));
+    }
+}
+
+/// In a forked child: the watcher thread did not survive the fork.
+pub(crate) fn watch_after_fork() {
+    if WATCHING.load(Ordering::Acquire) {
+        spawn_watcher();
     }
 }
 

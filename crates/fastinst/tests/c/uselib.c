@@ -2,6 +2,7 @@
  * (argv[1]) -- or a copy, so the dlopen'd one is a distinct module that
  * dlclose really unloads -- calls it, closes it, and does it again. */
 #include <dlfcn.h>
+#include <unistd.h>
 #include <stdio.h>
 
 int lib_entry(int n);
@@ -15,6 +16,7 @@ int main(int argc, char **argv) {
         void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
         if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
         int (*f)(int) = (int (*)(int))dlsym(h, "lib_entry");
+        usleep(50000); /* sled libraries are registered within ~10 ms */
         printf("dlopen round %d: %d\n", round, f(50 + round));
         dlclose(h);
     }
