@@ -78,11 +78,10 @@ impl Sled {
             expected: Some(old),
             wait: None,
         };
-        // SAFETY: the sled is one 5-byte instruction (normalised at
-        // registration) that this runtime owns; `old` and `new` are both
-        // whole instructions of that length (its NOP and the call to its
-        // stub), so every thread sees one or the other (wordpatch locks a
-        // straddling sled with INT3 while it writes).
+        // The sled is one 5-byte instruction this runtime owns (normalised
+        // at registration); wordpatch locks a straddling one with INT3.
+        // SAFETY: `old` and `new` are whole instructions of that length (its
+        // NOP, the call to its stub): every thread sees one or the other.
         let r = unsafe {
             if async_ {
                 wordpatch::start_patch(at, new, &opts).map(|_| ())
