@@ -1,7 +1,7 @@
 //! Switching one probe's code on and off with the chosen strategy.
 
 use crate::error::{Error, Result};
-use crate::probe::Strategy;
+use crate::probe::{ProbeId, Strategy};
 use crate::registry::{Probe, ON};
 use callpatch::{CallSite, Mode};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -55,20 +55,31 @@ fn word_off(site: &CallSite) -> [u8; 8] {
 }
 
 fn word_patch(p: &Probe, site: &CallSite, new: &[u8], old: &[u8], async_: bool) -> Result<()> {
-    let at = site.addr() as *mut u8;
-    let opts = PatchOptions {
-        expected: Some(old),
-        wait: None,
-    };
-    let id = p.meta.id;
-    // A previous async patch of this site may still be in flight.
-    while wordpatch::finish_patch(at) == Progress::InFlight {
-        std::hint::spin_loop();
-    }
     // SAFETY: the site is a whole call/jmp instruction the runtime owns the
     // toggling of (the probe lock is held); `old` and `new` are both valid
     // instructions of the same length there (the call and its NOP or `ret`
     // form), and the hook call's callee follows the ABI.
+    unsafe { word_store(p.meta.id, site.addr() as *mut u8, new, old, async_) }
+}
+
+/// Rewrites the instruction at `at` from `old` to `new` with wordpatch,
+/// synchronously or (`async_`) leaving a straddler to finish later, after
+/// any earlier async patch of the same site has finished.
+///
+/// # Safety
+/// `old` and `new` are whole, valid instructions of the same length at
+/// `at`, whose toggling the caller owns (it holds the lock that serialises
+/// it).
+pub(crate) unsafe fn word_store(id: ProbeId, at: *mut u8, new: &[u8], old: &[u8], async_: bool) -> Result<()> {
+    let opts = PatchOptions {
+        expected: Some(old),
+        wait: None,
+    };
+    // A previous async patch of this site may still be in flight.
+    while wordpatch::finish_patch(at) == Progress::InFlight {
+        std::hint::spin_loop();
+    }
+    // SAFETY: forwarded contract.
     let r = unsafe {
         if async_ {
             wordpatch::start_patch(at, new, &opts).map(|_| ())

@@ -212,11 +212,7 @@ fn chained_caller(s: *mut Stack, cfa: u64, below: usize) -> u64 {
         .map(|i| entry(s, i))
         .find(|e| e.cfa == cfa && e.restored == 0)
         .and_then(|e| registry::get(e.exit))
-        .map_or(0, |p| (p.meta.site + patchable_len()) as u64)
-}
-
-fn patchable_len() -> usize {
-    providers::patchable::SLED_LEN
+        .map_or(0, |p| (p.meta.site + providers::patchable::SLED_LEN) as u64)
 }
 
 /// Whether entries below the current frame may be dropped: not when this

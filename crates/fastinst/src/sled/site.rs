@@ -24,7 +24,6 @@ use crate::registry::{self, Probe, ON};
 use callpatch::{CallSite, Mode};
 use providers::patchable::SLED_LEN;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use wordpatch::{PatchOptions, Progress};
 
 /// A function's sled.
 pub(crate) struct Sled {
@@ -70,26 +69,10 @@ impl Sled {
     }
 
     fn word(&self, id: ProbeId, new: &[u8], old: &[u8], async_: bool) -> Result<()> {
-        let at = self.call.addr() as *mut u8;
-        while wordpatch::finish_patch(at) == Progress::InFlight {
-            std::hint::spin_loop();
-        }
-        let opts = PatchOptions {
-            expected: Some(old),
-            wait: None,
-        };
-        // The sled is one 5-byte instruction this runtime owns (normalised
-        // at registration); wordpatch locks a straddling one with INT3.
-        // SAFETY: `old` and `new` are whole instructions of that length (its
-        // NOP, the call to its stub): every thread sees one or the other.
-        let r = unsafe {
-            if async_ {
-                wordpatch::start_patch(at, new, &opts).map(|_| ())
-            } else {
-                wordpatch::patch_with(at, new, &opts)
-            }
-        };
-        r.map_err(|source| Error::WordPatch { id, source })
+        // SAFETY: the sled is one 5-byte instruction this runtime owns
+        // (normalised at registration; the sled lock is held); `old` and
+        // `new` are its NOP and the call to its stub.
+        unsafe { crate::toggle::word_store(id, self.call.addr() as *mut u8, new, old, async_) }
     }
 
     fn switch_on(&self, id: ProbeId, code: u8) -> Result<()> {
