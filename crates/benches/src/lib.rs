@@ -1,15 +1,39 @@
 //! The paper's evaluation reproduced on the machine at hand.
 //!
-//! Now: Table 3, the latency profiler on real open-source programs
-//! (`fastinst-table3`). The programs' C sources come from crates.io
-//! ([`sources`]), are built with gcc and clang, plain and instrumented
-//! ([`programs`]), and run one at a time under every configuration
-//! ([`table3`]); CPU time comes from `getrusage` ([`measure`]).
+//! Two harnesses:
+//! - `fastinst-eval`: the paper's section 8 ([`eval`]): Table 2 toggle and
+//!   invocation costs beside a static guard ([`table2`]), Fig. 10 toggle
+//!   latency histograms ([`fig10`]), Fig. 11–13 throughput under a toggler
+//!   ([`fig11`]), §8.5 the cost of an inactive probe ([`inactive`]) and
+//!   Table 1 initialisation cost on real programs ([`table1`]). A C driver
+//!   ([`driver`]) linked with `libfastinst.so` measures through the C API;
+//!   results come out as Markdown, JSON and SVG plots ([`plot`]).
+//! - `fastinst-table3`: Table 3, the latency profiler on real open-source
+//!   programs. Their C sources come from crates.io ([`sources`]), are built
+//!   with gcc and clang, plain and instrumented ([`programs`]), and run one
+//!   at a time under every configuration ([`table3`]); CPU time comes from
+//!   `getrusage` ([`measure`]).
+//!
+//! Every time is in TSC ticks (or CPU seconds for whole programs), reported
+//! as median and p90 beside a baseline measured in the same run. The TSC of
+//! a virtual machine may advance in coarse steps: cheap operations are
+//! timed in batches and divided, and the step seen is printed.
+//!
+//! `cargo bench -p fastinst-benches` runs the criterion benches of the same
+//! operations (`benches/inactive.rs`).
 
+pub mod driver;
 pub mod error;
+pub mod eval;
+pub mod fig10;
+pub mod fig11;
+pub mod inactive;
 pub mod measure;
+pub mod plot;
 pub mod programs;
 pub mod sources;
+pub mod table1;
+pub mod table2;
 pub mod table3;
 
 pub use error::{EvalError, Result};

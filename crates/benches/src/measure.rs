@@ -87,6 +87,28 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
     s[lo] + (s[hi] - s[lo]) * (x - lo as f64)
 }
 
+/// Median and 90th percentile of a set of samples (ticks per operation).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Summary {
+    /// The median.
+    pub median: f64,
+    /// The 90th percentile.
+    pub p90: f64,
+    /// How many samples.
+    pub n: usize,
+}
+
+impl Summary {
+    /// Summarises `v` (NaN quantiles when it is empty).
+    pub fn of(v: &[f64]) -> Summary {
+        Summary {
+            median: median(v),
+            p90: quantile(v, 0.9),
+            n: v.len(),
+        }
+    }
+}
+
 /// The geometric mean of `v`.
 pub fn geomean(v: &[f64]) -> f64 {
     (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()

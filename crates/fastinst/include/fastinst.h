@@ -101,6 +101,13 @@ typedef struct fastinst_stats {
     uint64_t discoveries;          /* discovery runs */
     uint64_t discovery_ticks;      /* TSC ticks spent in them */
     uint64_t refused_full;         /* probes refused: tables full */
+    uint64_t modules_ticks;        /* TSC ticks reading symbols at start-up */
+    uint64_t sled_load_ticks;      /* TSC ticks registering patchable entries */
+    uint64_t sled_functions;       /* functions with sled probes (2 probes each) */
+    uint64_t sled_exits;           /* sled exits delivered (return-address substitution) */
+    uint64_t sled_shadow_full;     /* sled calls unwatched: shadow stack full */
+    uint64_t sled_abandoned;       /* shadow entries dropped (longjmp, exceptions) */
+    uint64_t sled_restored;        /* return addresses put back before unwinding */
 } fastinst_stats;
 int fastinst_get_stats(fastinst_stats *out);
 

@@ -111,6 +111,7 @@ fn start() {
     // SAFETY: at_exit is a plain extern "C" fn.
     unsafe { libc::atexit(at_exit) };
     let ticks = crate::discovery::init();
+    crate::stats::MODULES_TICKS.fetch_add(ticks, Ordering::Relaxed);
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
     let t0 = wordpatch::tsc::now();
     let sleds = crate::sled::load();
@@ -179,7 +180,7 @@ extern "C" fn at_exit() {
         let s = crate::stats();
         if s.probes > 0 {
             log::info(format_args!(
-                "{} probes ({} unrecognised, {} with the id passed in the argument); discovery {} ticks per probe over {} runs",
+                "{} probes ({} unrecognised, {} with the id passed in the argument); discovery {} ticks per run over {} runs",
                 s.probes,
                 s.unrecognised,
                 s.arg_rewritten,
@@ -187,6 +188,14 @@ extern "C" fn at_exit() {
                 s.discoveries
             ));
         }
+        // One fixed-format line that tools parse (fastinst-eval's Table 1).
+        log::info(format_args!(
+            "init total {} ticks (modules {}, sleds {}, discovery {})",
+            s.init_ticks(),
+            s.modules_ticks,
+            s.sled_load_ticks,
+            s.discovery_ticks
+        ));
         if TOOL.load(Ordering::Relaxed) == Tool::Profile as u8 {
             crate::profile::write_reports(false);
         }

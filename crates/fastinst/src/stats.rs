@@ -10,6 +10,8 @@ pub(crate) static DROPPED_IN_DISCOVERY: AtomicU64 = AtomicU64::new(0);
 pub(crate) static DISCOVERY_TICKS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static DISCOVERIES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FULL: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MODULES_TICKS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static SLED_LOAD_TICKS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters. `repr(C)`: it is also the C API's
 /// `fastinst_stats`.
@@ -39,11 +41,38 @@ pub struct Stats {
     pub discovery_ticks: u64,
     /// Probes refused because a table was full.
     pub refused_full: u64,
+    /// TSC ticks spent reading the loaded modules' symbols at start-up.
+    pub modules_ticks: u64,
+    /// TSC ticks spent registering `-fpatchable-function-entry` sleds
+    /// (reading tables, normalising, making stubs), at start-up and for
+    /// libraries loaded later.
+    pub sled_load_ticks: u64,
+    /// Functions with sled probes (two probes each).
+    pub sled_functions: u64,
+    /// Sled exits delivered by return-address substitution.
+    pub sled_exits: u64,
+    /// Sled calls whose exit was not watched: the thread's shadow stack
+    /// was full.
+    pub sled_shadow_full: u64,
+    /// Shadow-stack entries dropped because their frames could not return
+    /// normally any more (`longjmp`, exceptions).
+    pub sled_abandoned: u64,
+    /// Substituted return addresses put back before an unwinder ran.
+    pub sled_restored: u64,
+}
+
+impl Stats {
+    /// Everything the runtime spent setting probes up: module symbols,
+    /// sled registration and discovery runs, in TSC ticks.
+    pub fn init_ticks(&self) -> u64 {
+        self.modules_ticks + self.sled_load_ticks + self.discovery_ticks
+    }
 }
 
 /// The counters now.
 pub fn stats() -> Stats {
     let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let sled = crate::sled::stats();
     Stats {
         probes: crate::registry::count() as u64,
         unrecognised: l(&UNRECOGNISED),
@@ -54,6 +83,13 @@ pub fn stats() -> Stats {
         discoveries: l(&DISCOVERIES),
         discovery_ticks: l(&DISCOVERY_TICKS),
         refused_full: l(&FULL),
+        modules_ticks: l(&MODULES_TICKS),
+        sled_load_ticks: l(&SLED_LOAD_TICKS),
+        sled_functions: sled.functions,
+        sled_exits: sled.exits,
+        sled_shadow_full: sled.shadow_full,
+        sled_abandoned: sled.abandoned,
+        sled_restored: sled.restored,
     }
 }
 

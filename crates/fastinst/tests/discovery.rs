@@ -66,5 +66,30 @@ fn discovers_20000_probes() {
             .find(|l| l.contains("modules and symbols read"))
             .unwrap_or("");
         println!("{strategy}: {line}\n  {init}");
+        let (total, parts) = init_line(&err);
+        assert_eq!(total, parts.iter().sum::<u64>(), "init total is its parts");
+        assert!(
+            parts[0] > 0 && parts[2] > 0,
+            "modules and discovery take time: {parts:?}"
+        );
+        // Looking for sled tables where there are none is cheap.
+        assert!(parts[1] < parts[0], "sled registration without sleds: {parts:?}");
     }
+}
+
+/// The runtime's `init total T ticks (modules M, sleds S, discovery D)`
+/// exit line, as (T, [M, S, D]).
+fn init_line(stderr: &str) -> (u64, [u64; 3]) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("init total "))
+        .unwrap_or_else(|| panic!("no init line in {stderr}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    // fastinst[pid]: info: init total T ticks (modules M, sleds S, discovery D)
+    let n = nums.len();
+    (nums[n - 4], [nums[n - 3], nums[n - 2], nums[n - 1]])
 }

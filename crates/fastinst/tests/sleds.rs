@@ -72,8 +72,21 @@ fn basic_program_every_compiler_level_layout_strategy_and_tool() {
                 let pie_link = if pie == "-fPIE" { "-pie" } else { "-no-pie" };
                 build(cc, &[&src("basic.c")], &[opt, pie, pie_link, SLED], &inst);
                 for tool in ["none", "off", "profile"] {
-                    let o = run(&inst, &[], &dir, true, &[("FASTINST_TOOL", tool)]);
+                    let o = run(
+                        &inst,
+                        &[],
+                        &dir,
+                        true,
+                        &[("FASTINST_TOOL", tool), ("FASTINST_LOG", "info")],
+                    );
                     assert_eq!(ok_stdout(&o, &what), want, "{what} tool {tool}");
+                    // Sled probes are registered at load, never discovered.
+                    let err = String::from_utf8_lossy(&o.stderr);
+                    let init = err.lines().find(|l| l.contains("init total ")).unwrap_or("");
+                    assert!(
+                        init.contains(" sleds ") && !init.contains(" sleds 0,") && init.ends_with("discovery 0)"),
+                        "{what} tool {tool}: {init}"
+                    );
                 }
                 for strategy in STRATEGIES {
                     let out = dir.join(format!("count-{cc}{opt}{pie}-{strategy}"));

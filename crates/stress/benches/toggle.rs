@@ -4,55 +4,10 @@
 //! same-run baseline; this bench adds criterion's statistics and history.
 
 use callpatch::Form;
-use criterion::measurement::{Measurement, ValueFormatter};
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
+use stress::ticks::Ticks;
 use stress::{Fixture, Strategy, Toggler};
-use wordpatch::{tsc, Wait};
-
-/// TSC ticks as criterion's unit of measurement.
-struct Ticks;
-
-struct TickFormatter;
-
-impl ValueFormatter for TickFormatter {
-    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
-        "ticks"
-    }
-    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
-        if let Throughput::Elements(n) = t {
-            for v in values.iter_mut() {
-                *v /= *n as f64;
-            }
-        }
-        "ticks/op"
-    }
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "ticks"
-    }
-}
-
-impl Measurement for Ticks {
-    type Intermediate = u64;
-    type Value = u64;
-    fn start(&self) -> u64 {
-        tsc::now_ordered()
-    }
-    fn end(&self, i: u64) -> u64 {
-        tsc::now_ordered() - i
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    fn to_f64(&self, v: &u64) -> f64 {
-        *v as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        &TickFormatter
-    }
-}
+use wordpatch::Wait;
 
 /// One benchmark: toggles of a fresh site, left active afterwards.
 fn bench_site(g: &mut BenchmarkGroup<'_, Ticks>, strategy: Strategy, form: Form, split: usize, name: &str) {

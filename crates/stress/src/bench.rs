@@ -296,36 +296,69 @@ pub fn field_passes(field: &SiteField, mode: Mode, reps: usize) -> (Stats, Stats
     (Stats::of(&mut off), Stats::of(&mut on))
 }
 
-/// Ticks per execution of the site in a state, batched: the latent cost of
-/// an inactive probe beside an active one and a plain NOP.
-pub fn invoke_cost(form: Form, split: usize, state: &str, reps: usize) -> Result<Stats, String> {
-    let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
+/// A fixture whose site is in `state`: `active` (the call), `nop` (a NOP
+/// of the site's length), or the off form of `flip` or `paper`. Nothing
+/// runs it yet.
+pub fn fixture_in_state(form: Form, split: usize, state: &str) -> Result<Fixture, String> {
     match state {
-        "active" => {}
+        "active" => Fixture::new(form, split).map_err(|e| e.to_string()),
         "nop" => {
             let nop: &[u8] = if form.len() == 6 {
                 &[0x66, 0x0F, 0x1F, 0x44, 0, 0]
             } else {
                 &NOP5
             };
-            // SAFETY: no thread runs the fixture yet; a NOP of the same length.
-            unsafe { wordpatch::patch(fx.site, nop) }.map_err(|e| e.to_string())?;
+            fixture_with_code(form, split, nop)
         }
         "flip" | "paper" => {
-            let t = Toggler::new(
-                &fx,
-                if state == "flip" {
-                    Strategy::CallFlip
-                } else {
-                    Strategy::CallPaper
-                },
-            )?;
-            t.set(false)?;
+            let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
+            let strategy = if state == "flip" {
+                Strategy::CallFlip
+            } else {
+                Strategy::CallPaper
+            };
+            Toggler::new(&fx, strategy)?.set(false)?;
+            Ok(fx)
         }
-        other => return Err(format!("unknown state {other}")),
+        other => Err(format!("unknown state {other}")),
     }
+}
+
+/// A fixture with `code` in place of its site. `code` must be one or more
+/// complete instructions of exactly the site's length that fall through
+/// (a NOP form: a 5-byte NOP, a provider's sled).
+pub fn fixture_with_code(form: Form, split: usize, code: &[u8]) -> Result<Fixture, String> {
+    let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
+    if code.len() != fx.form.len() {
+        return Err(format!(
+            "{} bytes of code for a {}-byte site",
+            code.len(),
+            fx.form.len()
+        ));
+    }
+    // SAFETY: no thread runs the fixture yet, and `code` (checked to be the
+    // site's length; the caller vouches that it falls through) replaces the
+    // whole site.
+    unsafe { wordpatch::patch(fx.site, code) }.map_err(|e| e.to_string())?;
+    Ok(fx)
+}
+
+fn invoke_batched(fx: &Fixture, reps: usize) -> Stats {
     let f = fx.entry;
-    Ok(batched(256, reps, |_| {
+    batched(256, reps, |_| {
         std::hint::black_box(f());
-    }))
+    })
+}
+
+/// Ticks per execution of the site in a state (see [`fixture_in_state`]),
+/// batched: the latent cost of an inactive probe beside an active one and
+/// a plain NOP.
+pub fn invoke_cost(form: Form, split: usize, state: &str, reps: usize) -> Result<Stats, String> {
+    Ok(invoke_batched(&fixture_in_state(form, split, state)?, reps))
+}
+
+/// Ticks per execution of the site with `code` in its place (see
+/// [`fixture_with_code`]), measured like [`invoke_cost`].
+pub fn invoke_cost_bytes(form: Form, split: usize, code: &[u8], reps: usize) -> Result<Stats, String> {
+    Ok(invoke_batched(&fixture_with_code(form, split, code)?, reps))
 }

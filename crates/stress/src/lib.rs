@@ -17,6 +17,7 @@ mod campaign;
 mod crash;
 mod fixture;
 mod strategy;
+pub mod ticks;
 mod trial;
 
 pub use campaign::{run_config, ConfigResult, MIN_CORUN_RATIO, MIN_CORUN_TOGGLES};

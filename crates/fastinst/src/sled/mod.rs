@@ -92,9 +92,10 @@ pub fn stats() -> SledStats {
 /// time and from any thread, with other threads running the code: a sled
 /// only changes from NOPs to one NOP before its probes exist.
 pub fn load() -> LoadReport {
+    let t0 = wordpatch::tsc::now();
     shadow::init();
     unwind::init();
-    with_state(|s| {
+    let report = with_state(|s| {
         s.rescan();
         let todo: Vec<Arc<Module>> = s
             .modules
@@ -123,7 +124,9 @@ pub fn load() -> LoadReport {
             ));
         }
         report
-    })
+    });
+    crate::stats::SLED_LOAD_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
+    report
 }
 
 /// Rewrites a one-byte-NOP sled to [`patchable::NORMALISED`], one byte at a
