@@ -158,7 +158,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         eprintln!("fig. 11-13");
         report.fig11 = Some(fig11::measure(
             drv(),
-            if opts.quick { 100 } else { 500 },
+            if opts.quick { 100 } else { 300 },
+            if opts.quick { 1 } else { 3 },
             opts.max_threads,
         )?);
     }
