@@ -20,10 +20,6 @@ use std::process::Command;
 pub struct Driver {
     /// The executable.
     pub path: PathBuf,
-    /// Functions in the `-finstrument-functions` field.
-    pub field: usize,
-    /// Functions in the sled field.
-    pub sled_field: usize,
 }
 
 fn source(name: &str) -> PathBuf {
@@ -56,6 +52,11 @@ pub fn field_source(prefix: &str, table: &str, n: usize, extra: &str) -> String 
     );
     s
 }
+
+const FINSTRUMENT: &[&str] = &["-O2", "-finstrument-functions"];
+const FINSTRUMENT_PACKED: &[&str] = &["-O2", "-finstrument-functions", "-falign-functions=1"];
+const SLED: &[&str] = &["-O2", "-fpatchable-function-entry=5"];
+const SLED_PACKED: &[&str] = &["-O2", "-fpatchable-function-entry=5", "-falign-functions=1"];
 
 fn gcc(args: &[String], what: &str) -> Result<()> {
     let out = Command::new("gcc")
@@ -95,8 +96,12 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
     let sled_c = field_source("sled_f", "sled_fns", sled_field, "");
     let exe = dir.join("driver");
     // The fields take a while to compile (16,000 functions): rebuild only
-    // when a source, the header or the library's place changed.
-    let mut fingerprint = format!("{}\n{}\n", include.display(), libdir.display());
+    // when a source, a flag, the header or the library's place changed.
+    let mut fingerprint = format!(
+        "{}\n{}\n{FINSTRUMENT_PACKED:?}{FINSTRUMENT:?}{SLED_PACKED:?}{SLED:?}\n",
+        include.display(),
+        libdir.display()
+    );
     for p in [
         source("driver.c"),
         source("sledhot.c"),
@@ -111,68 +116,25 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
     );
     let stamp = dir.join("driver.stamp");
     if exe.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) {
-        return Ok(Driver {
-            path: exe,
-            field,
-            sled_field,
-        });
+        return Ok(Driver { path: exe });
     }
     let f = write("field.c", field_c)?;
     let s = write("sledfield.c", sled_c)?;
     let d = |p: &Path| p.display().to_string();
     let obj = |n: &str| d(&dir.join(n));
-    // Packed functions put call sites at every offset of a line, so about
-    // one in sixteen straddles.
-    gcc(
-        &[
-            "-O2",
-            "-finstrument-functions",
-            "-falign-functions=1",
-            "-c",
-            &d(&f),
-            "-o",
-            &obj("field.o"),
-        ]
-        .map(String::from),
-        "the -finstrument-functions field",
-    )?;
-    gcc(
-        &[
-            "-O2",
-            "-finstrument-functions",
-            "-c",
-            &d(&source("hot.c")),
-            "-o",
-            &obj("hot.o"),
-        ]
-        .map(String::from),
-        "the hot function",
-    )?;
-    gcc(
-        &[
-            "-O2",
-            "-fpatchable-function-entry=5",
-            "-falign-functions=1",
-            "-c",
-            &d(&s),
-            "-o",
-            &obj("sledfield.o"),
-        ]
-        .map(String::from),
-        "the sled field",
-    )?;
-    gcc(
-        &[
-            "-O2",
-            "-fpatchable-function-entry=5",
-            "-c",
-            &d(&source("sledhot.c")),
-            "-o",
-            &obj("sledhot.o"),
-        ]
-        .map(String::from),
-        "the hot sled function",
-    )?;
+    // Packed functions (`-falign-functions=1`) put sites at every offset of
+    // a line, so about one in sixteen straddles; the hot functions keep the
+    // usual alignment.
+    for (flags, src, o, what) in [
+        (FINSTRUMENT_PACKED, f, "field.o", "the -finstrument-functions field"),
+        (FINSTRUMENT, source("hot.c"), "hot.o", "the hot function"),
+        (SLED_PACKED, s, "sledfield.o", "the sled field"),
+        (SLED, source("sledhot.c"), "sledhot.o", "the hot sled function"),
+    ] {
+        let mut args: Vec<String> = flags.iter().map(|x| x.to_string()).collect();
+        args.extend(["-c".into(), d(&src), "-o".into(), obj(o)]);
+        gcc(&args, what)?;
+    }
     gcc(
         &[
             "-O2".to_string(),
@@ -192,11 +154,7 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
         "the driver",
     )?;
     std::fs::write(&stamp, stamp_text).map_err(EvalError::io(&stamp))?;
-    Ok(Driver {
-        path: exe,
-        field,
-        sled_field,
-    })
+    Ok(Driver { path: exe })
 }
 
 impl Driver {

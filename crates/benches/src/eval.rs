@@ -3,7 +3,7 @@
 //! structure) and SVG plots (`fig10.svg`, `fig11-aa.svg`, `fig11-ad.svg`).
 
 use crate::error::{EvalError, Result};
-use crate::programs::{build_all, Compiler, PROGRAMS};
+use crate::programs::{build_all, installed, Compiler, PROGRAMS};
 use crate::{driver, fig10, fig11, inactive, sources, table1, table2};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -169,20 +169,12 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if has(Section::Table1) {
         eprintln!("table 1");
-        let compilers: Vec<Compiler> = if opts.quick {
+        let wanted = if opts.quick {
             vec![Compiler::Gcc, Compiler::GccSled]
         } else {
             Compiler::ALL.to_vec()
-        }
-        .into_iter()
-        .filter(|c| {
-            let ok = c.available();
-            if !ok {
-                eprintln!("{} not found: its builds are left out of table 1", c.command());
-            }
-            ok
-        })
-        .collect();
+        };
+        let compilers = installed(&wanted, "its builds are left out of table 1");
         let srcs = sources::fetch(&opts.work)?;
         let bins = build_all(&opts.work, &srcs, &PROGRAMS, &compilers)?;
         report.table1 = Some(table1::measure(

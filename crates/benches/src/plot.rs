@@ -2,6 +2,7 @@
 //! and a legend. Nothing but text is produced, so no plotting library (and
 //! no font or system dependency) is needed.
 
+use calibrate::svg::esc;
 use std::fmt::Write as _;
 
 /// Colours of successive series.
@@ -68,10 +69,6 @@ const ML: f64 = 70.0;
 const MT: f64 = 40.0;
 const GAP_X: f64 = 100.0;
 const GAP_Y: f64 = 90.0;
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
 
 /// "Nice" tick values covering [lo, hi].
 fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {

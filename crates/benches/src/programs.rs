@@ -66,6 +66,28 @@ impl Compiler {
     }
 }
 
+/// The compilers of `wanted` that are installed; each missing one is named
+/// on stderr with what is left out (`what`).
+pub fn installed(wanted: &[Compiler], what: &str) -> Vec<Compiler> {
+    wanted
+        .iter()
+        .copied()
+        .filter(|c| {
+            let ok = c.available();
+            if !ok {
+                eprintln!("{} not found: {what}", c.command());
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Creates the scratch directory `dir` and returns its absolute path.
+pub fn work_dir(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(EvalError::io(dir))?;
+    dir.canonicalize().map_err(EvalError::io(dir))
+}
+
 /// One of the programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Program {

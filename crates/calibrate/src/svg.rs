@@ -13,7 +13,8 @@ const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 const COLOURS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
 
-fn esc(s: &str) -> String {
+/// `s` escaped for SVG text and attribute values.
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 

@@ -2,6 +2,7 @@
 //! Fig. 11-13, section 8.5, Table 1). See the `fastinst_benches` crate.
 
 use fastinst_benches::eval::{run, Options, Section, FIELD};
+use fastinst_benches::programs::work_dir;
 use fastinst_benches::{EvalError, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,14 +93,7 @@ fn parse(argv: &[String]) -> Result<Option<Options>> {
         }
     }
     o.lib = fastinst_cli::library::find(lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
-    std::fs::create_dir_all(&o.work).map_err(|source| EvalError::Io {
-        path: o.work.clone(),
-        source,
-    })?;
-    o.work = o.work.canonicalize().map_err(|source| EvalError::Io {
-        path: o.work.clone(),
-        source,
-    })?;
+    o.work = work_dir(&o.work)?;
     o.out = out.unwrap_or_else(|| o.work.join("report"));
     Ok(Some(o))
 }

@@ -1,7 +1,7 @@
 //! `fastinst-table3`: the latency profiler on real programs (the paper's
 //! Table 3) on this machine. See the `fastinst_benches` crate.
 
-use fastinst_benches::programs::{build_all, Compiler, Program, PROGRAMS};
+use fastinst_benches::programs::{build_all, installed, work_dir, Compiler, Program, PROGRAMS};
 use fastinst_benches::table3::{measure_row, render_markdown, Options};
 use fastinst_benches::{sources, EvalError, Result};
 use std::path::PathBuf;
@@ -98,26 +98,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
 
 fn run(a: Args) -> Result<()> {
     let lib = fastinst_cli::library::find(a.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
-    std::fs::create_dir_all(&a.work).map_err(|source| EvalError::Io {
-        path: a.work.clone(),
-        source,
-    })?;
-    let work = a.work.canonicalize().map_err(|source| EvalError::Io {
-        path: a.work.clone(),
-        source,
-    })?;
-    let compilers: Vec<Compiler> = a
-        .compilers
-        .iter()
-        .copied()
-        .filter(|c| {
-            let ok = c.available();
-            if !ok {
-                eprintln!("{} not found: its builds are left out", c.command());
-            }
-            ok
-        })
-        .collect();
+    let work = work_dir(&a.work)?;
+    let compilers = installed(&a.compilers, "its builds are left out");
     let srcs = sources::fetch(&work)?;
     let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
     let opts = Options {
