@@ -251,6 +251,14 @@ fn jumps(flag: &str) {
         r.overhead.abandoned_frames > 0,
         "thrower activations skipped by longjmp are dropped and counted"
     );
+    if flag == SLED {
+        // `after` tail-jumps to `spin_us`: both frames share one CFA and
+        // both must pair (an exit is only watched once its entry fired).
+        assert_eq!(
+            r.overhead.unmatched_exits, 0,
+            "every watched exit pairs, tail calls included"
+        );
+    }
     within("after calls", f("after").calls_estimated, 20000.0, 0.10);
     within("after p50 us", f("after").p50_us, 20.0, 0.10);
     within("catcher calls", f("catcher").calls_estimated, 20000.0, 0.10);

@@ -242,9 +242,18 @@ fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
 /// (an inlined function's hooks share both with the function they are
 /// inlined into). What is popped was left by `longjmp`, an exception, or an
 /// exit that was not seen; it is dropped and counted.
-fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64) {
+///
+/// Sled probes (`exact`: the provider gives the CFA) add one more live
+/// case: a function entered by a tail jump from a frame whose exit is
+/// watched shares that frame's CFA, and the provider names its caller by
+/// the tail-calling function's sled end ([`crate::sled`]'s chained caller).
+/// Both frames are live until the callee returns, then both exit in turn.
+fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool) {
+    let tail_called_from = |f: &Frame| {
+        exact && registry::get(f.entry).is_some_and(|e| (e.meta.site + providers::patchable::SLED_LEN) as u64 == caller)
+    };
     while let Some(top) = sh.frames.last() {
-        if top.cfa > cfa || (top.cfa == cfa && top.caller == caller) {
+        if top.cfa > cfa || (top.cfa == cfa && (top.caller == caller || tail_called_from(top))) {
             break;
         }
         if let Some(g) = p.funcs.get(top.func) {
@@ -277,7 +286,7 @@ extern "C" fn on_entry(id: ProbeId) {
         return;
     };
     let pushed = with_local(|_, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64);
+        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0);
         if sh.frames.len() >= MAX_DEPTH {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
             return;
@@ -321,7 +330,7 @@ extern "C" fn on_exit(id: ProbeId) {
         return;
     };
     let r = with_local(|store, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64);
+        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0);
         match sh.frames.last() {
             Some(top) if top.cfa == cfa && top.func == fi => {}
             _ => {
