@@ -9,9 +9,10 @@ use crate::sitetable::{self, key};
 use crate::stats::{self, bump};
 use callpatch::CallSite;
 use parking_lot::Mutex;
+use providers::decode::Checkpoints;
 use providers::finstrument::{call_site_at, tail_sites, HookKind, HookSite};
 use providers::{argload, Memory};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -50,6 +51,11 @@ pub(crate) struct State {
     pub rewrite: bool,
     /// Modules whose sled tables have been read (by index).
     pub sled_modules: std::collections::HashSet<u32>,
+    /// Decode checkpoints of the functions whose argument loads were
+    /// searched, by function start.
+    checkpoints: HashMap<u64, Checkpoints>,
+    /// Executable segments made writable in one call, by start.
+    writable: HashSet<u64>,
 }
 
 pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -77,14 +83,42 @@ impl State {
             callbacks: Vec::new(),
             rewrite: REWRITE.load(Ordering::Relaxed),
             sled_modules: Default::default(),
+            checkpoints: HashMap::new(),
+            writable: HashSet::new(),
         }
     }
 
-    /// Rescans modules; returns those that went away.
+    /// Rescans modules; returns those that went away, whose addresses are
+    /// forgotten here (another module may be loaded there next).
     pub fn rescan(&mut self) -> Vec<Arc<Module>> {
         let (m, gone) = modules::rescan(&self.modules, &mut self.next_module);
         self.modules = m;
+        let in_gone = |a: u64| gone.iter().any(|m| m.contains(a));
+        self.checkpoints.retain(|&f, _| !in_gone(f));
+        self.names.retain(|&f, _| !in_gone(f));
+        self.writable.retain(|&a| !in_gone(a));
         gone
+    }
+
+    /// Makes the executable segment holding `addr` writable in one call (one
+    /// maps read and one `mprotect`, where a page at a time cost a maps read
+    /// per page: a third of discovery on SQLite). Every function of a
+    /// `-finstrument-functions` module has hook sites, so its text is
+    /// patched page by page anyway; pages without sites become writable
+    /// but are not copied. If that fails, each site's own patch says why.
+    fn make_segment_writable(&mut self, addr: u64) {
+        let Some(&(start, end, _)) = self
+            .modules
+            .find(addr)
+            .and_then(|m| m.segments.iter().find(|&&(s, e, x)| x && addr >= s && addr < e))
+        else {
+            return;
+        };
+        if self.writable.insert(start) {
+            if let Err(e) = wordpatch::make_writable(start as *const u8, (end - start) as usize) {
+                crate::log::debug(format_args!("segment at {start:#x} not writable at once: {e}"));
+            }
+        }
     }
 
     pub(crate) fn name_of(&mut self, f: u64) -> &'static CStr {
@@ -213,6 +247,9 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         .or_else(|| s.modules.find(this_fn))
         .map(|m| m.index)
         .unwrap_or(u32::MAX);
+    if let Some(t) = site {
+        s.make_segment_writable(t.addr);
+    }
     let call = site.and_then(|t| {
         // SAFETY: the site was recognised as a whole call/jmp of this form
         // to the hook, whose callee follows the ABI; the runtime owns its
@@ -270,12 +307,17 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
 }
 
 /// Rewrites the `this_fn` load feeding `site` to load probe `p`'s tag.
-fn rewrite_arg(s: &State, p: &Probe, site: &HookSite, this_fn: u64) {
+fn rewrite_arg(s: &mut State, p: &Probe, site: &HookSite, this_fn: u64) {
     let mem = LiveMemory { modules: &s.modules };
     let Some(f) = s.modules.find(site.addr).and_then(|m| m.function(site.addr)) else {
         return;
     };
-    let rw = match argload::find(&mem, f.start, site.addr, this_fn) {
+    let from = s
+        .checkpoints
+        .entry(f.start)
+        .or_insert_with(|| Checkpoints::new(f.start, f.end()))
+        .before(&mem, site.addr, argload::WINDOW);
+    let rw = match argload::find(&mem, from, site.addr, this_fn) {
         Ok(rw) => rw,
         Err(why) => {
             crate::log::debug(format_args!("no argument rewrite at {:#x}: {why:?}", site.addr));

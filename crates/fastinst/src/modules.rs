@@ -4,7 +4,8 @@
 //! Built from `dl_iterate_phdr` on first use and rebuilt when a hook comes
 //! from an address no known module covers (a library `dlopen`ed since) and
 //! after `dlclose`. Reading the ELF files allocates; it happens at start-up
-//! and in discovery, never on the hook fast path.
+//! and in discovery, never on the hook fast path. The runtime's own shared
+//! library is listed (its segments) but its symbols are not read.
 
 use providers::elf::{Function, SymbolTable};
 use providers::Memory;
@@ -117,12 +118,22 @@ fn scan() -> Vec<Seen> {
 }
 
 /// The function symbols and the sled table of the module file at `path`.
+///
+/// The file is mapped, not read: only the pages holding the ELF headers,
+/// the symbol and string tables and the sled table are touched, which for a
+/// library with debug information is a small part of it.
 fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
     let file = if path.is_empty() { "/proc/self/exe" } else { path };
     if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
         return Default::default();
     }
-    let bytes = match std::fs::read(file) {
+    let map = std::fs::File::open(file).and_then(|f| {
+        // SAFETY: a read-only private mapping of a module file the loader
+        // has mapped too. If the file were truncated while mapped, reading
+        // past its end would fault — as the loaded code itself would.
+        unsafe { memmap2::Mmap::map(&f) }
+    });
+    let bytes = match map {
         Ok(b) => b,
         Err(e) => {
             crate::log::debug(format_args!("no symbols for {file}: {e}"));
@@ -137,6 +148,16 @@ fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
         .map(|t| t.into_iter().map(|a| a.wrapping_add(bias)).collect())
         .unwrap_or_default();
     (symbols, sleds)
+}
+
+/// Whether `s` is the shared library this runtime is part of
+/// (`libfastinst.so`). Its symbols are not read: it has no probe sites, no
+/// probed function calls into it, and its symbol table (thousands of Rust
+/// names, each demangled) was the largest part of start-up. The runtime
+/// linked into an executable is not skipped: the executable has sites.
+fn is_runtime_library(s: &Seen) -> bool {
+    let here = read_module as fn(&str, u64) -> (SymbolTable, Vec<u64>) as usize as u64;
+    !s.path.is_empty() && s.segments.iter().any(|&(a, b, _)| here >= a && here < b)
 }
 
 /// Rescans the loaded modules, keeping the records of those still loaded
@@ -163,7 +184,11 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             loaded.push(m.clone());
             continue;
         }
-        let (symbols, sleds) = read_module(&s.path, s.bias);
+        let (symbols, sleds) = if is_runtime_library(&s) {
+            Default::default()
+        } else {
+            read_module(&s.path, s.bias)
+        };
         loaded.push(Arc::new(Module {
             path,
             bias: s.bias,

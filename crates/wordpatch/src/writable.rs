@@ -68,13 +68,24 @@ pub fn forget_pages(addr: *const u8, len: usize) {
 /// after checking it is mapped and executable. Cheap after the first call for
 /// a page. Patching functions call it themselves; call it up front to take
 /// the one-time cost out of a hot toggle path.
+///
+/// One call reads `/proc/self/maps` once and `mprotect`s each run of
+/// consecutive pages once, however many pages it covers: a provider about to
+/// patch many sites of one text segment should make their whole extent
+/// writable in one call (a read of the maps file per page costs tens of
+/// microseconds, and grows with the number of mappings). Pages that are only
+/// made writable, never written, stay shared with the file: the kernel
+/// copies a page on its first write.
+///
+/// On an error, pages before the failing one may have been made writable
+/// (and are tracked); none after it are.
 pub fn make_writable(addr: *const u8, len: usize) -> Result<(), Error> {
     let start = addr as usize & !(PAGE_SIZE - 1);
     let end = addr as usize + len.max(1);
     let mut page = start;
     while page < end {
         if !known(page) {
-            add_page(page)?;
+            return add_pages(page, end);
         }
         page += PAGE_SIZE;
     }
@@ -111,47 +122,67 @@ fn find_mapping(maps: &str, page: usize) -> Option<Mapping> {
     None
 }
 
+/// Adds the pages from `first` (page-aligned) up to `end` that are not yet
+/// known, in runs that lie in one mapping each.
 #[cold]
-fn add_page(page: usize) -> Result<(), Error> {
+fn add_pages(first: usize, end: usize) -> Result<(), Error> {
     let mut count = GROW.lock().unwrap_or_else(|e| e.into_inner());
-    if known(page) {
-        return Ok(());
-    }
-    if *count >= CAPACITY * 3 / 4 {
-        return Err(Error::TooManyPages {
-            limit: CAPACITY * 3 / 4,
-        });
-    }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let m = find_mapping(&maps, page).ok_or(Error::NotMapped { addr: page })?;
-    if !m.executable {
-        return Err(Error::NotExecutable { addr: page });
-    }
-    debug_assert!(m.end > page);
-    if !m.writable {
-        // SAFETY: the page is mapped (checked above) and adding write
-        // permission to code changes no byte of it.
-        let rc = unsafe {
-            libc::mprotect(
-                page as *mut libc::c_void,
-                PAGE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-            )
-        };
-        if rc != 0 {
-            return Err(Error::Protect {
-                page,
-                errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    let mut page = first;
+    while page < end {
+        if known(page) {
+            page += PAGE_SIZE;
+            continue;
+        }
+        let m = find_mapping(&maps, page).ok_or(Error::NotMapped { addr: page })?;
+        if !m.executable {
+            return Err(Error::NotExecutable { addr: page });
+        }
+        // The run: this mapping's pages up to `end`.
+        let run_end = m.end.min((end + PAGE_SIZE - 1) & !(PAGE_SIZE - 1));
+        let fresh = (page..run_end).step_by(PAGE_SIZE).filter(|&p| !known(p)).count();
+        if *count + fresh > CAPACITY * 3 / 4 {
+            return Err(Error::TooManyPages {
+                limit: CAPACITY * 3 / 4,
             });
         }
+        if !m.writable {
+            // SAFETY: the run lies in one mapping that is mapped and
+            // executable (checked above); adding write permission to code
+            // changes no byte of it. Known pages in the run are writable
+            // already, so their protection does not change.
+            let rc = unsafe {
+                libc::mprotect(
+                    page as *mut libc::c_void,
+                    run_end - page,
+                    libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                )
+            };
+            if rc != 0 {
+                return Err(Error::Protect {
+                    page,
+                    errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+                });
+            }
+        }
+        while page < run_end {
+            if !known(page) {
+                insert(page);
+                *count += 1;
+            }
+            page += PAGE_SIZE;
+        }
     }
+    Ok(())
+}
+
+/// Records `page` (the caller holds `GROW` and has checked capacity).
+fn insert(page: usize) {
     let mut i = slot_of(page);
     while !matches!(PAGES[i].load(Ordering::Relaxed), 0 | TOMBSTONE) {
         i = (i + 1) % CAPACITY;
     }
     PAGES[i].store(page, Ordering::Release);
-    *count += 1;
-    Ok(())
 }
 
 /// Number of code pages this process has made writable (or found writable) so far.
@@ -209,5 +240,42 @@ mod tests {
         unsafe { crate::raw::xchg_u8(p as usize, 0x90) };
         forget_pages(p, 1);
         assert!(!known(p as usize));
+    }
+
+    #[test]
+    fn a_range_is_made_writable_in_one_call_and_stops_at_data() {
+        // Four code pages, then (reserved next to them) a data page.
+        let mut m = memmap2::MmapOptions::new().len(5 * PAGE_SIZE).map_anon().unwrap();
+        m[0] = 1;
+        let base = m.as_ptr() as usize;
+        // SAFETY: the first four pages of our own mapping become r-x.
+        assert_eq!(
+            unsafe {
+                libc::mprotect(
+                    base as *mut libc::c_void,
+                    4 * PAGE_SIZE,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                )
+            },
+            0
+        );
+        make_writable((base + 100) as *const u8, 3 * PAGE_SIZE).unwrap();
+        for k in 0..4 {
+            assert!(known(base + k * PAGE_SIZE), "page {k} of the run");
+        }
+        // SAFETY: page 3 was made writable by the call above.
+        unsafe { crate::raw::xchg_u8(base + 3 * PAGE_SIZE, 0x90) };
+        forget_pages(base as *const u8, 4 * PAGE_SIZE);
+        let e = make_writable(base as *const u8, 5 * PAGE_SIZE).unwrap_err();
+        assert!(
+            matches!(e, Error::NotExecutable { addr } if addr == base + 4 * PAGE_SIZE),
+            "{e:?}"
+        );
+        assert!(
+            known(base) && known(base + 3 * PAGE_SIZE),
+            "the code pages before the data page are tracked"
+        );
+        forget_pages(base as *const u8, 5 * PAGE_SIZE);
+        drop(m);
     }
 }

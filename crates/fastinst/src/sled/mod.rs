@@ -166,6 +166,17 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             }
         }
     }
+    // One maps read and one mprotect for the module's whole sled extent,
+    // not one per page (see `wordpatch::make_writable`). If the extent is
+    // not one executable run, each sled's own call below says why.
+    if let (Some(lo), Some(hi)) = (
+        sleds.iter().map(|x| x.0.entry).min(),
+        sleds.iter().map(|x| x.0.entry).max(),
+    ) {
+        if let Err(e) = wordpatch::make_writable(lo as *const u8, (hi - lo) as usize + SLED_LEN) {
+            crate::log::debug(format_args!("sled extent of {} not writable at once: {e}", m.path));
+        }
+    }
     sleds.retain(|(sl, _)| {
         if !sl.needs_normalising() {
             return true;
