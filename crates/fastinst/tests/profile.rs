@@ -68,7 +68,28 @@ fn within(what: &str, got: f64, want: f64, tol: f64) {
 const TREE: [(&str, &str); 3] = [("worker", "step"), ("step", "leaf"), ("step", "nap")];
 const INSTRUMENTED: [&str; 5] = ["main", "worker", "step", "leaf", "nap"];
 
+/// No sampled call outlasts the run, and no function's estimated time
+/// (its sampled mean times its estimated calls, so up to the estimate's
+/// error) exceeds the run's on the threads it ran on: an exit paired with
+/// a call that ended unseen long before breaks both (it did on SQLite's
+/// interpreter, whose inlined helpers share one frame: 75 s in a 1.2 s
+/// run).
+fn no_call_outlasts_the_run(r: &Report) {
+    for f in &r.functions {
+        let threads = f.threads.len().max(1) as f64;
+        assert!(
+            f.max_us / 1e3 <= r.wall_ms * 1.01 + 1.0 && f.total_ms <= r.wall_ms * threads * 1.25 + 1.0,
+            "{}: max {:.1} us, total {:.1} ms in a {:.1} ms run",
+            f.name,
+            f.max_us,
+            f.total_ms,
+            r.wall_ms
+        );
+    }
+}
+
 fn check_structure(r: &Report) {
+    no_call_outlasts_the_run(r);
     let tree: HashSet<(&str, &str)> = TREE.into_iter().collect();
     let edges: HashSet<(&str, &str)> = r
         .edges
@@ -241,6 +262,7 @@ fn jumps(flag: &str) {
         .unwrap();
     let r = report(&out);
     println!("{}", fastinst::profile::report::render_text(&r));
+    no_call_outlasts_the_run(&r);
     let f = |n: &str| {
         r.functions
             .iter()

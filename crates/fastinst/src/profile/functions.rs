@@ -51,6 +51,10 @@ pub(crate) struct Func {
     pub exhausted: AtomicBool,
     /// Sampled calls entered and not yet exited.
     pub outstanding: AtomicI64,
+    /// Bumped each time one of the function's exit probes is switched off
+    /// or on: a sampled call whose stamp differs may have exited unseen
+    /// (see [`Frame::exit_gen`](super::thread::Frame::exit_gen)).
+    pub exit_gen: AtomicU32,
     /// Exits in this window that matched no sampled call (see
     /// [`EXIT_BUDGET`]).
     pub unmatched: AtomicU32,
@@ -72,6 +76,7 @@ impl Func {
             t_k: AtomicU64::new(0),
             exhausted: AtomicBool::new(false),
             outstanding: AtomicI64::new(0),
+            exit_gen: AtomicU32::new(0),
             unmatched: AtomicU32::new(0),
             est_closed: AtomicU64::new(0f64.to_bits()),
             windows: AtomicU64::new(0),

@@ -248,12 +248,23 @@ fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
 /// watched shares that frame's CFA, and the provider names its caller by
 /// the tail-calling function's sled end ([`crate::sled`]'s chained caller).
 /// Both frames are live until the callee returns, then both exit in turn.
-fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool) {
+///
+/// A frame at the same CFA is dead too when its call may have returned
+/// unseen ([`Frame::watched`]), and, on entering `entering`, when it is an
+/// activation of that same function with the same return address: the one
+/// frame there cannot hold two of them (gcc inlining a function into
+/// itself aside, where dropping the outer one loses a sample but invents
+/// nothing). Both keep a later exit from pairing with a call that is over.
+fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool, entering: Option<u32>) {
     let tail_called_from = |f: &Frame| {
         exact && registry::get(f.entry).is_some_and(|e| (e.meta.site + providers::patchable::SLED_LEN) as u64 == caller)
     };
     while let Some(top) = sh.frames.last() {
-        if top.cfa > cfa || (top.cfa == cfa && (top.caller == caller || tail_called_from(top))) {
+        let live_here = top.cfa == cfa
+            && (top.caller == caller || tail_called_from(top))
+            && p.funcs.get(top.func).is_some_and(|f| top.watched(f))
+            && !(entering == Some(top.func) && top.caller == caller);
+        if top.cfa > cfa || live_here {
             break;
         }
         if let Some(g) = p.funcs.get(top.func) {
@@ -261,6 +272,15 @@ fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool) {
         }
         p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
         sh.frames.pop();
+    }
+}
+
+/// Switches exit probe `id` of `f` off, then stamps the change: a sampled
+/// call entered before the stamp may now return unseen.
+fn exit_off(p: &Profiler, f: &Func, id: ProbeId) {
+    if crate::deactivate(id).is_ok() {
+        f.exit_gen.fetch_add(1, Ordering::AcqRel);
+        p.counters.toggles.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -286,7 +306,7 @@ extern "C" fn on_entry(id: ProbeId) {
         return;
     };
     let pushed = with_local(|_, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0);
+        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, Some(fi));
         if sh.frames.len() >= MAX_DEPTH {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
             return;
@@ -294,6 +314,7 @@ extern "C" fn on_entry(id: ProbeId) {
         f.outstanding.fetch_add(1, Ordering::Relaxed);
         let t0 = tsc::now();
         sh.frames.push(Frame {
+            exit_gen: f.exit_gen.load(Ordering::Acquire),
             func: fi,
             cfa,
             caller: ctx.call_site as u64,
@@ -318,9 +339,7 @@ extern "C" fn on_exit(id: ProbeId) {
     // off before the frame search.
     if f.exhausted.load(Ordering::Acquire) && f.outstanding.load(Ordering::Acquire) <= 0 {
         p.counters.unmatched_exits.fetch_add(1, Ordering::Relaxed);
-        if crate::deactivate(id).is_ok() {
-            p.counters.toggles.fetch_add(1, Ordering::Relaxed);
-        }
+        exit_off(p, f, id);
         p.counters.handler_ticks.fetch_add(tsc::now() - t, Ordering::Relaxed);
         return;
     }
@@ -330,7 +349,7 @@ extern "C" fn on_exit(id: ProbeId) {
         return;
     };
     let r = with_local(|store, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0);
+        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, None);
         match sh.frames.last() {
             Some(top) if top.cfa == cfa && top.func == fi => {}
             _ => {
@@ -341,9 +360,8 @@ extern "C" fn on_exit(id: ProbeId) {
                 // more work until the next window.
                 if f.exhausted.load(Ordering::Acquire)
                     && (f.outstanding.load(Ordering::Acquire) <= 0 || f.unmatched_over_budget())
-                    && crate::deactivate(id).is_ok()
                 {
-                    p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+                    exit_off(p, f, id);
                 }
                 return;
             }
@@ -374,30 +392,31 @@ extern "C" fn on_exit(id: ProbeId) {
             }
             let self_ticks = dur.saturating_sub(done.child);
             let short = [GAP, u64::from(fi)];
-            let key = if agg.stacks.len() < MAX_STACKS || agg.stacks.contains_key(sh.path.as_slice()) {
-                sh.path.as_slice()
+            // One hash when the path is known (the common case).
+            if let Some(s) = agg.stacks.get_mut(sh.path.as_slice()) {
+                s.0 += 1;
+                s.1 += self_ticks;
             } else {
-                // A thread's distinct paths are bounded (an interpreter's
-                // recursion makes hundreds of thousands, and the reports
-                // grew to 90 MB): past the bound, a new path is kept as
-                // `[...];function`, which claims no caller.
-                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
-                &short[..]
-            };
-            match agg.stacks.get_mut(key) {
-                Some(s) => {
-                    s.0 += 1;
-                    s.1 += self_ticks;
-                }
-                None => {
-                    agg.stacks.insert(key.to_vec().into_boxed_slice(), (1, self_ticks));
-                }
+                let key = if agg.stacks.len() < MAX_STACKS {
+                    sh.path.as_slice()
+                } else {
+                    // A thread's distinct paths are bounded (an
+                    // interpreter's recursion makes hundreds of thousands,
+                    // and the reports grew to 90 MB): past the bound, a new
+                    // path is kept as `[...];function`, which claims no
+                    // caller.
+                    p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
+                    &short[..]
+                };
+                let s = agg.stacks.entry(key.into()).or_default();
+                s.0 += 1;
+                s.1 += self_ticks;
             }
         }
         p.counters.samples.fetch_add(1, Ordering::Relaxed);
         let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left <= 0 && f.exhausted.load(Ordering::Acquire) && crate::deactivate(id).is_ok() {
-            p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+        if left <= 0 && f.exhausted.load(Ordering::Acquire) {
+            exit_off(p, f, id);
         }
     });
     if r.is_none() {
@@ -480,6 +499,11 @@ fn daemon() {
                 for &(id, _) in probes.iter().filter(|x| x.1 == entry) {
                     let h: crate::Handler = if entry { on_entry } else { on_exit };
                     if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
+                        if !entry {
+                            // Calls entered while it was off would otherwise
+                            // look watched from here on.
+                            f.exit_gen.fetch_add(1, Ordering::AcqRel);
+                        }
                         p.counters.toggles.fetch_add(1, Ordering::Relaxed);
                     }
                 }

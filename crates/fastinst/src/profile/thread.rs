@@ -17,6 +17,8 @@
 
 use super::functions::Func;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
 
 /// Histogram buckets: 16 exact, then 16 per power of two (6% wide).
 pub(crate) const BUCKETS: usize = 1024;
@@ -64,6 +66,19 @@ pub(crate) struct Frame {
     pub t0: u64,
     /// Ticks spent in sampled direct children.
     pub child: u64,
+    /// The function's [`Func::exit_gen`] when it was entered. If it has
+    /// changed, an exit probe of the function was off for a while during
+    /// this call, so the call may have returned unseen: it must not be
+    /// paired with a later exit (which would time two calls as one), nor
+    /// shown on a path.
+    pub exit_gen: u32,
+}
+
+impl Frame {
+    /// Whether every exit of this call would have been seen so far.
+    pub(crate) fn watched(&self, f: &Func) -> bool {
+        f.exit_gen.load(Ordering::Acquire) == self.exit_gen
+    }
 }
 
 /// Deepest shadow stack kept; deeper sampled calls are dropped and counted.
@@ -119,14 +134,63 @@ pub(crate) const GAP: u64 = u64::MAX;
 /// Tag of a caller named by its return address (an unsampled frame).
 pub(crate) const CALLER_TAG: u64 = 1 << 63;
 
+/// FxHash, as rustc uses: a rotate, a xor and a multiply per word. The
+/// aggregates are hashed on every sample (a call path of up to 48 words
+/// among them), and with std's SipHash that hashing was the largest part
+/// of a sample's cost; resistance to chosen-key flooding buys nothing for
+/// keys made of the program's own call paths.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FxHasher(u64);
+
+impl FxHasher {
+    #[inline(always)]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in words.by_ref() {
+            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.add(u64::from(v));
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.add(v);
+    }
+    #[inline]
+    fn write_usize(&mut self, v: usize) {
+        self.add(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map hashed with [`FxHasher`].
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
 /// A thread's aggregates.
 #[derive(Default)]
 pub(crate) struct Agg {
-    pub fns: HashMap<u32, FnAgg>,
+    pub fns: FxMap<u32, FnAgg>,
     /// (call site, callee) -> (sampled calls, ticks).
-    pub edges: HashMap<(u64, u32), (u64, u64)>,
+    pub edges: FxMap<(u64, u32), (u64, u64)>,
     /// path -> (samples, self ticks); the last item is the sampled function.
-    pub stacks: HashMap<Box<[u64]>, (u64, u64)>,
+    pub stacks: FxMap<Box<[u64]>, (u64, u64)>,
 }
 
 /// The shadow stack; only its thread touches it.
@@ -162,6 +226,14 @@ impl Shadow {
             self.path.push(GAP);
         }
         for fr in chain {
+            if !func(fr.func).is_some_and(|f| fr.watched(f)) {
+                // A call that may have returned unseen is not on a path.
+                if prev.is_some() {
+                    self.path.push(GAP);
+                }
+                prev = None;
+                continue;
+            }
             let direct =
                 fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
             if !direct {
