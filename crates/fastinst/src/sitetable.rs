@@ -46,24 +46,26 @@ static TABLE: Table = Table {
     vals: [const { AtomicU32::new(0) }; CAPACITY],
 };
 
-/// Slots per block: the keys of one 4 KiB code page.
-const WITHIN: u32 = 8;
+/// Slots per block (log2): the keys of one 4 KiB code page.
+const WITHIN: u32 = 10;
 
-/// A key's home slot. The keys of one code page share a block of 256 slots
-/// placed by a Fibonacci hash of the page; inside it a key's home is its
-/// page offset / 16, turned by a quarter of the block per key space (so a
-/// site's keys in two spaces do not contend for one home). Why not hash the
-/// whole key: start-up inserts thousands of keys, and a hash that scatters
-/// them touches a fresh page of this 12 MiB table (a page fault, about a
-/// microsecond) for most of them: 5,000 faults at SQLite's start with sled
-/// probes. Keyed by page, a code page's keys share two table pages (keys,
-/// values), and a lookup costs the same few instructions.
+/// A key's home slot. The keys of one code page share a block of 1,024
+/// slots placed by a Fibonacci hash of the page; inside it a key's home is
+/// its page offset / 4, turned by a quarter of the block per key space (so
+/// a site's keys in several spaces do not contend for one home). Why not
+/// hash the whole key: start-up inserts thousands of keys, and a hash that
+/// scatters them touches a fresh page of this 12 MiB table (a page fault,
+/// about a microsecond) for most of them: 5,000 faults at SQLite's start
+/// with sled probes. Keyed by page, a code page's keys share three table
+/// pages (two of keys, one of values). A block holds four slots per code
+/// word, so even a page of tiny instrumented functions (a few hundred keys)
+/// fills under half of it and lookups stay a probe or two, as before.
 #[inline(always)]
 fn slot(k: u64) -> usize {
     let space = (k >> 62) as usize;
     let addr = k & ((1 << 62) - 1);
     let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
-    let home = ((addr >> 4) as usize + (space << (WITHIN - 2))) & ((1 << WITHIN) - 1);
+    let home = ((addr >> 2) as usize + (space << (WITHIN - 2))) & ((1 << WITHIN) - 1);
     (block << WITHIN) | home
 }
 
@@ -151,11 +153,12 @@ mod tests {
 
     #[test]
     fn a_dense_page_in_every_key_space_spills_into_later_blocks() {
-        // 4 x 1,024 keys of one code page: 16 times what its block holds.
+        // 4 x 4,096 keys of one code page (every byte): 16 times what its
+        // block holds.
         let base = 0x6666_0000_1000u64;
-        let keys: Vec<u64> = (0..1024u64)
+        let keys: Vec<u64> = (0..4096u64)
             .flat_map(|i| {
-                let a = base + i * 4;
+                let a = base + i;
                 [key::ret(a), key::patched(a), key::site(a), key::function(a, 1)]
             })
             .collect();
