@@ -269,6 +269,20 @@ mod tests {
         assert!(s.failed());
     }
 
+    /// 600 instructions (nop; mov eax, imm32; lea rdi, [rip+x]; movabs
+    /// rax, imm64; jmp +0: lengths 1, 5, 7, 10, 2), across several chunks.
+    fn mixed_lengths() -> Vec<u8> {
+        let unit: Vec<u8> = [
+            &[0x90][..],
+            &[0xB8, 1, 2, 3, 4],
+            &[0x48, 0x8D, 0x3D, 1, 2, 3, 4],
+            &[0x48, 0xB8, 1, 2, 3, 4, 5, 6, 7, 8],
+            &[0xEB, 0x00],
+        ]
+        .concat();
+        unit.iter().copied().cycle().take(unit.len() * 120).collect()
+    }
+
     /// The stream one instruction at a time, as it was before chunks.
     fn reference<M: Memory>(mem: &M, mut ip: u64, end: u64) -> (Vec<u64>, bool) {
         let mut ips = Vec::new();
@@ -301,17 +315,7 @@ mod tests {
 
     #[test]
     fn chunks_decode_what_single_steps_decode() {
-        // nop; mov eax, imm32; lea rdi, [rip+x]; movabs rax, imm64; jmp +0:
-        // lengths 1, 5, 7, 10, 2, repeated across several chunks.
-        let unit: Vec<u8> = [
-            &[0x90][..],
-            &[0xB8, 1, 2, 3, 4],
-            &[0x48, 0x8D, 0x3D, 1, 2, 3, 4],
-            &[0x48, 0xB8, 1, 2, 3, 4, 5, 6, 7, 8],
-            &[0xEB, 0x00],
-        ]
-        .concat();
-        let code: Vec<u8> = unit.iter().copied().cycle().take(unit.len() * 120).collect();
+        let code = mixed_lengths();
         let base = 0x10_0000u64;
         let end = base + code.len() as u64;
         // Patched instructions (garbage underneath) at the start, across
@@ -356,16 +360,7 @@ mod tests {
 
     #[test]
     fn checkpoints_give_the_window_that_the_start_gives() {
-        // 600 instructions of lengths 1, 5, 7, 10, 2.
-        let unit: Vec<u8> = [
-            &[0x90][..],
-            &[0xB8, 1, 2, 3, 4],
-            &[0x48, 0x8D, 0x3D, 1, 2, 3, 4],
-            &[0x48, 0xB8, 1, 2, 3, 4, 5, 6, 7, 8],
-            &[0xEB, 0x00],
-        ]
-        .concat();
-        let code: Vec<u8> = unit.iter().copied().cycle().take(unit.len() * 120).collect();
+        let code = mixed_lengths();
         let base = 0x20_0000u64;
         let end = base + code.len() as u64;
         let img = Image::new().with(base, code);
