@@ -392,25 +392,26 @@ extern "C" fn on_exit(id: ProbeId) {
             }
             let self_ticks = dur.saturating_sub(done.child);
             let short = [GAP, u64::from(fi)];
-            // One hash when the path is known (the common case).
-            if let Some(s) = agg.stacks.get_mut(sh.path.as_slice()) {
-                s.0 += 1;
-                s.1 += self_ticks;
+            // One hash when the path is known (the common case); a key is
+            // allocated only for a path seen for the first time.
+            let key = if agg.stacks.len() < MAX_STACKS || agg.stacks.contains_key(sh.path.as_slice()) {
+                sh.path.as_slice()
             } else {
-                let key = if agg.stacks.len() < MAX_STACKS {
-                    sh.path.as_slice()
-                } else {
-                    // A thread's distinct paths are bounded (an
-                    // interpreter's recursion makes hundreds of thousands,
-                    // and the reports grew to 90 MB): past the bound, a new
-                    // path is kept as `[...];function`, which claims no
-                    // caller.
-                    p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
-                    &short[..]
-                };
-                let s = agg.stacks.entry(key.into()).or_default();
-                s.0 += 1;
-                s.1 += self_ticks;
+                // A thread's distinct paths are bounded (an interpreter's
+                // recursion makes hundreds of thousands, and the reports
+                // grew to 90 MB): past the bound, a new path is kept as
+                // `[...];function`, which claims no caller.
+                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
+                &short[..]
+            };
+            match agg.stacks.get_mut(key) {
+                Some(s) => {
+                    s.0 += 1;
+                    s.1 += self_ticks;
+                }
+                None => {
+                    agg.stacks.insert(key.into(), (1, self_ticks));
+                }
             }
         }
         p.counters.samples.fetch_add(1, Ordering::Relaxed);
