@@ -282,44 +282,39 @@ pub fn render_markdown(rows: &[Row], programs: &[Program], header: &str) -> Stri
     }
     let _ = writeln!(s);
     for c in Compiler::ALL {
-        let v: Vec<f64> = rows
-            .iter()
-            .filter(|r| r.compiler == c)
-            .map(|r| r.ratio(Config::Profile, Config::Floor).0)
-            .collect();
-        if v.is_empty() {
+        let against = |base: Config| -> Option<(f64, f64)> {
+            let v: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.compiler == c)
+                .map(|r| r.ratio(Config::Profile, base).0)
+                .collect();
+            (!v.is_empty()).then(|| (geomean(&v), v.iter().cloned().fold(f64::MIN, f64::max)))
+        };
+        let (Some(floor), Some(plain)) = (against(Config::Floor), against(Config::Plain)) else {
             continue;
-        }
-        let max = v.iter().cloned().fold(f64::MIN, f64::max);
-        let vs_plain: Vec<f64> = rows
-            .iter()
-            .filter(|r| r.compiler == c)
-            .map(|r| r.ratio(Config::Profile, Config::Plain).0)
-            .collect();
-        let max_plain = vs_plain.iter().cloned().fold(f64::MIN, f64::max);
-        if matches!(c, Compiler::GccSled | Compiler::ClangSled) {
-            // The sled provider's target is against the plain build: its
-            // floor is the plain build's speed (issue 6).
-            let _ = writeln!(
-                s,
-                "- {} -fpatchable-function-entry=5 builds: profile vs plain geomean **{}**, max **{}** (target: geomean <= +3%, max <= +10%); profile vs floor geomean {}, max {}.",
-                c.command(),
-                pct(geomean(&vs_plain)),
-                pct(max_plain),
-                pct(geomean(&v)),
-                pct(max)
-            );
+        };
+        // The sled provider's target is against the plain build (its floor
+        // is the plain build's speed, issue 6); the -finstrument-functions
+        // provider's is against its own floor (issue 5).
+        let (flag, (main, mg), (other, og), target) = if matches!(c, Compiler::GccSled | Compiler::ClangSled) {
+            (
+                "-fpatchable-function-entry=5",
+                ("plain", plain),
+                ("floor", floor),
+                "+3%",
+            )
         } else {
-            let _ = writeln!(
-                s,
-                "- {} -finstrument-functions builds: profile vs floor geomean **{}**, max **{}** (target: geomean <= +2%, max <= +10%); profile vs plain geomean {}, max {}.",
-                c.command(),
-                pct(geomean(&v)),
-                pct(max),
-                pct(geomean(&vs_plain)),
-                pct(max_plain)
-            );
-        }
+            ("-finstrument-functions", ("floor", floor), ("plain", plain), "+2%")
+        };
+        let _ = writeln!(
+            s,
+            "- {} {flag} builds: profile vs {main} geomean **{}**, max **{}** (target: geomean <= {target}, max <= +10%); profile vs {other} geomean {}, max {}.",
+            c.command(),
+            pct(mg.0),
+            pct(mg.1),
+            pct(og.0),
+            pct(og.1)
+        );
     }
     let _ = writeln!(s, "\nPrograms:");
     for p in programs {
