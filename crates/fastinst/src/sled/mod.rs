@@ -166,14 +166,14 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             }
         }
     }
-    // One maps read and one mprotect for the module's whole sled extent,
-    // not one per page (see `wordpatch::make_writable`). If the extent is
-    // not one executable run, each sled's own call below says why.
-    if let (Some(lo), Some(hi)) = (
-        sleds.iter().map(|x| x.0.entry).min(),
-        sleds.iter().map(|x| x.0.entry).max(),
-    ) {
-        if let Err(e) = wordpatch::make_writable(lo as *const u8, (hi - lo) as usize + SLED_LEN) {
+    // The module's sled extent: made writable with one maps read and one
+    // mprotect, not one per page (see `wordpatch::make_writable`; if it is
+    // not one executable run, each sled's own call below says why), and
+    // the range its stubs must reach.
+    let lo = sleds.iter().map(|x| x.0.entry).min().unwrap_or(0) as usize;
+    let hi = sleds.iter().map(|x| x.0.entry).max().unwrap_or(0) as usize;
+    if !sleds.is_empty() {
+        if let Err(e) = wordpatch::make_writable(lo as *const u8, hi - lo + SLED_LEN) {
             crate::log::debug(format_args!("sled extent of {} not writable at once: {e}", m.path));
         }
     }
@@ -209,8 +209,6 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         return;
     }
     let ids: Vec<u32> = (0..sleds.len() as u32).map(|i| base + 2 * i).collect();
-    let lo = sleds.iter().map(|x| x.0.entry).min().unwrap_or(0) as usize;
-    let hi = sleds.iter().map(|x| x.0.entry).max().unwrap_or(0) as usize;
     let Some(stubs) = trampoline::make_stubs(lo, hi, &ids) else {
         crate::log::warn(format_args!(
             "no memory within reach of {}; its sleds are not registered",
