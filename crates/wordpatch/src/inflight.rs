@@ -84,11 +84,23 @@ impl Slot {
 static TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// One claimed patch: its slot index and the slot's sequence number.
+/// One claimed patch: its slot index, the slot's sequence number and its
+/// site.
+///
+/// The site is part of the name because a slot is freed in two stores,
+/// `seq += 1` and then `site = 0`: a lookup between the two reads the site
+/// and the *next* sequence number, which names no patch. Such a ticket
+/// must die when the site is cleared, not live on while the freed slot
+/// waits, locked, for its next claim: a thread trapped on the site would
+/// help that ticket forever (it hung CI once, with all toggling over).
+/// With the site in the name, that ticket is dead once `site = 0`, and if
+/// the slot is claimed again for the same site, its sequence number is the
+/// new patch's, so the ticket names that patch correctly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ticket {
     idx: usize,
     seq: u64,
+    site: usize,
 }
 
 /// What an attempt to advance a patch achieved.
@@ -147,6 +159,7 @@ pub(crate) fn claim(site: usize, new: &[u8], w: Wait) -> Result<Ticket, Error> {
         let t = Ticket {
             idx,
             seq: slot.seq.load(Ordering::Relaxed),
+            site,
         };
         IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         // Same-site rivals are settled by the INT3 exchange, so that one of
@@ -196,7 +209,8 @@ pub(crate) fn deadline(t: Ticket) -> Option<u64> {
 
 /// True while the patch named by `t` is in flight.
 pub(crate) fn live(t: Ticket) -> bool {
-    TABLE[t.idx].seq.load(Ordering::Acquire) == t.seq
+    let slot = &TABLE[t.idx];
+    slot.seq.load(Ordering::Acquire) == t.seq && slot.site.load(Ordering::Acquire) == t.site
 }
 
 fn write_back(site: usize, len: usize, bytes: [u8; 8]) {
@@ -246,7 +260,7 @@ fn advance_from(t: Ticket, may_sync: bool, in_trap: bool) -> Step {
     {
         return if live(t) { Step::Busy } else { Step::Done };
     }
-    if slot.seq.load(Ordering::Relaxed) != t.seq {
+    if slot.seq.load(Ordering::Relaxed) != t.seq || slot.site.load(Ordering::Relaxed) != t.site {
         // The slot was freed and claimed again by another patch.
         slot.lock.store(false, Ordering::Release);
         return Step::Done;
@@ -303,7 +317,7 @@ pub(crate) fn find(site: usize) -> Option<Ticket> {
         if slot.site.load(Ordering::Acquire) == site {
             let seq = slot.seq.load(Ordering::Acquire);
             if slot.site.load(Ordering::Acquire) == site {
-                return Some(Ticket { idx, seq });
+                return Some(Ticket { idx, seq, site });
             }
         }
     }
@@ -343,12 +357,13 @@ pub(crate) fn for_each_in_flight(mut f: impl FnMut(Ticket, bool)) {
         return;
     }
     for (idx, slot) in TABLE.iter().enumerate() {
-        if slot.site.load(Ordering::Acquire) == 0 {
+        let site = slot.site.load(Ordering::Acquire);
+        if site == 0 {
             continue;
         }
         let seq = slot.seq.load(Ordering::Acquire);
         let sync = slot.wait.load(Ordering::Relaxed) == SYNC;
-        f(Ticket { idx, seq }, sync);
+        f(Ticket { idx, seq, site }, sync);
     }
 }
 
@@ -426,6 +441,40 @@ mod tests {
             .filter(|&b| home(b) == target)
             .take(n)
             .collect()
+    }
+
+    /// The interleaving that hung a trapped thread: a lookup that lands
+    /// between the two stores that free a slot gets the site and the next
+    /// sequence number. That ticket must be dead once the site is cleared
+    /// (before the fix it stayed live, and helping it returned `Waiting`
+    /// forever on the freed, locked slot), and must name the next patch if
+    /// the same site claims the slot again.
+    #[test]
+    fn a_lookup_racing_the_release_never_names_a_free_slot() {
+        let site = 0x6888_0000_0000usize - 2;
+        let t = claim(site, &[1, 2, 3, 4], Wait::Tmax(0)).unwrap();
+        publish(t);
+        let slot = &TABLE[t.idx];
+        // The release's first store (as in `advance_from`'s last step,
+        // whose slot stays locked).
+        assert!(slot
+            .lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok());
+        slot.seq.fetch_add(1, Ordering::SeqCst);
+        let raced = find(site).expect("the site is still visible");
+        assert_ne!(raced, t);
+        // The second store.
+        slot.site.store(0, Ordering::SeqCst);
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        assert!(!live(raced));
+        assert_eq!(advance(raced, false), Step::Done);
+        // Claimed again for the same site: the raced ticket is that patch.
+        let again = claim(site, &[5, 6, 7, 8], Wait::Tmax(0)).unwrap();
+        assert_eq!(again, raced);
+        assert!(live(raced));
+        abandon(again);
+        assert!(!live(raced));
     }
 
     #[test]
