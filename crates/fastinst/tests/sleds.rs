@@ -232,7 +232,9 @@ fn eight_threads_while_every_probe_toggles_at_every_split() {
             &bin,
         );
         for strategy in STRATEGIES {
-            let o = run(&bin, &[strategy, "300"], &dir, false, &[("FASTINST_TOOL", "none")]);
+            // debug: a failed toggle's C status comes with the error behind it.
+            let env = [("FASTINST_TOOL", "none"), ("FASTINST_LOG", "debug")];
+            let o = run(&bin, &[strategy, "300"], &dir, false, &env);
             let out = ok_stdout(&o, &format!("{cc} {strategy}"));
             println!("{cc} {strategy}: {}", out.trim());
             let field = |k: &str| -> String {
