@@ -161,15 +161,20 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(s)
 }
 
-fn lookup(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
-    sitetable::get(key::ret(ret)).or_else(|| sitetable::get(key::function(this_fn, kind as u8)))
-}
-
 /// Discovers the probe a hook call of `kind` with `this_fn` returning to
 /// `ret` belongs to. Holds the discovery lock.
-pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
+///
+/// `tail` is the function's tail-exit probe when the caller found one but
+/// judged that the call came from another site (`hooks::undiscovered_call`):
+/// the call is then looked up by its return address only, and if it turns
+/// out to come from no new site, `tail` is its probe.
+pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64, tail: Option<ProbeId>) -> Option<ProbeId> {
     with_state(|s| {
-        if let Some(id) = lookup(kind, this_fn, ret) {
+        let known = sitetable::get(key::ret(ret)).or_else(|| match tail {
+            Some(_) => None,
+            None => sitetable::get(key::function(this_fn, kind as u8)),
+        });
+        if let Some(id) = known {
             return Some(id);
         }
         if s.modules.find(ret).is_none() || s.modules.find(this_fn).is_none() {
@@ -178,14 +183,14 @@ pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId
             s.rescan();
         }
         let t0 = wordpatch::tsc::now();
-        let r = discover_locked(s, kind, this_fn, ret);
+        let r = discover_locked(s, kind, this_fn, ret, tail);
         stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
         bump(&stats::DISCOVERIES);
         r
     })
 }
 
-fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64) -> Option<ProbeId> {
+fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64, tail: Option<ProbeId>) -> Option<ProbeId> {
     let hooks = hooks();
     let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
     match site {
@@ -220,6 +225,11 @@ fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64) -> Opt
                         sitetable::insert(key::function(this_fn, kind as u8), id);
                         return Some(id);
                     }
+                }
+                if tail.is_some() {
+                    // No new site: a thread that fetched the tail jump just
+                    // before it was switched off. It stays the tail's call.
+                    return tail;
                 }
             }
             bump(&stats::UNRECOGNISED);

@@ -201,11 +201,37 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
     guard_set(false);
 }
 
+/// Whether a hook call that found probe `id` only by its function came
+/// from a site not discovered yet rather than from `id`'s own site.
+///
+/// A function's tail-jump exit (`jmp __cyg_profile_func_exit`) reaches the
+/// hook with its caller's return address, so it is keyed by the function.
+/// That key also catches every exit site of the same function that has not
+/// been seen yet (the `call`s of copies inlined elsewhere, each with its own
+/// return address), and before this check they were never discovered: they
+/// called the hook for ever, dropped as calls of a switched-off probe.
+/// SQLite's gcc build made 1.2 million such calls per run with every probe
+/// off. When the tail site is switched off it no longer calls the hook (a
+/// thread that fetched it just before may, once; discovery then finds no new
+/// site and returns `id`), so such a call is from elsewhere: discover it by
+/// its return address. While the tail site is on, calls from undiscovered
+/// copies run its handler, which is the same function's exit; they are
+/// discovered once it goes off.
+#[inline]
+fn undiscovered_call(id: ProbeId) -> bool {
+    registry::get(id).is_some_and(|p| {
+        p.state.load(Ordering::Relaxed) & registry::ON == 0 && p.site.as_ref().is_some_and(|c| c.form().is_tail())
+    })
+}
+
 #[cold]
 #[inline(never)]
 fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
-    if let Some(id) = sitetable::get(key::function(this_fn, kind as u8)) {
-        return fire(id, call_site, stack, 0);
+    let by_function = sitetable::get(key::function(this_fn, kind as u8));
+    if let Some(id) = by_function {
+        if !undiscovered_call(id) {
+            return fire(id, call_site, stack, 0);
+        }
     }
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
@@ -215,7 +241,7 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
         return;
     }
     IN_DISCOVERY.with(|d| d.set(true));
-    let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret));
+    let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret, by_function));
     IN_DISCOVERY.with(|d| d.set(false));
     match r {
         Ok(Some(id)) => fire(id, call_site, stack, 0),

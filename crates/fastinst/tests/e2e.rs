@@ -208,6 +208,36 @@ fn c_api_program_every_strategy() {
     }
 }
 
+/// A function's own tail-jump exit is keyed by the function; the exits of
+/// its copies inlined elsewhere are `call`s that must still be discovered
+/// (and switched off) on their own, not taken for the tail site's calls.
+#[test]
+fn inlined_copies_of_a_tail_exit_function_are_discovered_and_switched_off() {
+    let dir = scratch("tail-inlined");
+    let libdir = lib().parent().unwrap().to_string_lossy().into_owned();
+    let bin = dir.join("tail-inlined");
+    let inc = format!("-I{}", include_dir().display());
+    let l = format!("-L{libdir}");
+    let rp = format!("-Wl,-rpath,{libdir}");
+    build(
+        "gcc",
+        &[&src("tail_inlined.c")],
+        &["-O2", "-finstrument-functions", &inc, &l, "-lfastinst", &rp],
+        &bin,
+    );
+    for strategy in ["flip", "word-sync"] {
+        let o = run(
+            &bin,
+            &["100000"],
+            &dir,
+            false,
+            &[("FASTINST_TOOL", "none"), ("FASTINST_STRATEGY", strategy)],
+        );
+        let out = ok_stdout(&o, &format!("tail_inlined {strategy}"));
+        println!("{strategy}: {}", out.trim());
+    }
+}
+
 #[test]
 fn client_library_drives_the_c_api() {
     let dir = scratch("client");
