@@ -221,6 +221,7 @@ fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64, tail: 
                     if let Some(id) = first {
                         if tails.len() > 1 {
                             bump(&stats::TAIL_AMBIGUOUS);
+                            sitetable::insert(key::tails_ambiguous(this_fn), 1);
                         }
                         sitetable::insert(key::function(this_fn, kind as u8), id);
                         return Some(id);
@@ -380,6 +381,7 @@ pub(crate) fn forget_modules(gone: &[Arc<Module>]) {
                 sitetable::remove(key::patched(meta.site as u64));
             }
             sitetable::remove(key::function(meta.function as u64, meta.kind as u8));
+            sitetable::remove(key::tails_ambiguous(meta.function as u64));
             let rw = p.rewrite_at.load(Ordering::Relaxed);
             if rw != 0 {
                 sitetable::remove(key::patched(rw));

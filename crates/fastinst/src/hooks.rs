@@ -216,11 +216,14 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
 /// site and returns `id`), so such a call is from elsewhere: discover it by
 /// its return address. While the tail site is on, calls from undiscovered
 /// copies run its handler, which is the same function's exit; they are
-/// discovered once it goes off.
+/// discovered once it goes off. A function with several tail jumps is left
+/// as before (its other tail sites would send every call to discovery).
 #[inline]
 fn undiscovered_call(id: ProbeId) -> bool {
     registry::get(id).is_some_and(|p| {
-        p.state.load(Ordering::Relaxed) & registry::ON == 0 && p.site.as_ref().is_some_and(|c| c.form().is_tail())
+        p.state.load(Ordering::Relaxed) & registry::ON == 0
+            && p.site.as_ref().is_some_and(|c| c.form().is_tail())
+            && sitetable::get(key::tails_ambiguous(p.meta.function as u64)).is_none()
     })
 }
 

@@ -25,6 +25,13 @@ pub(crate) mod key {
     pub fn function(f: u64, kind: u8) -> u64 {
         (1 << 62) | ((kind as u64) << 56) | f
     }
+    /// Present when function `f` has more than one tail-jump exit: calls
+    /// that find its tail probe switched off may come from its other tail
+    /// sites, which no return address tells apart, so they are not taken
+    /// for undiscovered sites (`hooks::undiscovered_call`).
+    pub fn tails_ambiguous(f: u64) -> u64 {
+        (1 << 62) | (2 << 56) | f
+    }
     /// A site or rewritten instruction the runtime patches, by address;
     /// the value is its length (the decode overlay) or its probe id.
     pub fn patched(addr: u64) -> u64 {
