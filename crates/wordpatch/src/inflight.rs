@@ -260,7 +260,7 @@ fn advance_from(t: Ticket, may_sync: bool, in_trap: bool) -> Step {
     {
         return if live(t) { Step::Busy } else { Step::Done };
     }
-    if slot.seq.load(Ordering::Relaxed) != t.seq || slot.site.load(Ordering::Relaxed) != t.site {
+    if !live(t) {
         // The slot was freed and claimed again by another patch.
         slot.lock.store(false, Ordering::Release);
         return Step::Done;
