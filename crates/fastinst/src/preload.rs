@@ -233,9 +233,11 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // The child is this one thread until it returns from fork, so the locks
+    // can go first: the profiler switches probes back on here.
+    fork_release();
     crate::profile::fork_child();
     crate::sled::watch_after_fork();
-    fork_release();
     if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
         tools::reset_counts();
     }

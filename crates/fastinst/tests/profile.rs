@@ -361,3 +361,46 @@ fn jumps(flag: &str) {
         }
     }
 }
+
+/// A function whose quota filled just before the fork has its entry probe
+/// off in the child too; the child re-arms it at once, so the child's
+/// report samples and counts the child's own calls of it (before, it was
+/// never sampled again in the child).
+#[test]
+fn a_forked_child_samples_functions_whose_quota_filled_in_the_parent() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("fork_profile");
+    let inst = dir.join("inst");
+    build("gcc", &[&src("fork_profile.c")], &["-O2", FINSTRUMENT], &inst);
+    let out = dir.join("out");
+    // A long epoch: the parent's daemon does not re-open `work`'s window
+    // between its 1,000 calls and the fork.
+    let o = run(
+        &inst,
+        &[],
+        &dir,
+        true,
+        &[
+            ("FASTINST_OUT", out.to_str().unwrap()),
+            ("FASTINST_PROFILE_EPOCH_MS", "300"),
+        ],
+    );
+    let got = ok_stdout(&o, "profiled");
+    let child: u32 = got
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no child line: {got}"));
+    assert!(got.contains("parent ") && got.contains("status 0"), "{got}");
+    let json = out.join(format!("fastinst-profile.{child}.json"));
+    let r: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("the child's report parses");
+    println!("{}", fastinst::profile::report::render_text(&r));
+    let work = r
+        .functions
+        .iter()
+        .find(|f| f.name == "work")
+        .expect("the child sampled `work`");
+    assert!(work.calls_sampled >= 10, "{} sampled calls", work.calls_sampled);
+    within("child's work calls", work.calls_estimated, 200.0, 0.25);
+}

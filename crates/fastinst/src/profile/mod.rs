@@ -13,13 +13,14 @@
 //! in [`thread`]; the reports in [`report`].
 
 mod functions;
+mod hist;
 pub mod report;
 mod thread;
 
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
 use crate::registry;
 use crate::segmented::Segmented;
-use functions::Func;
+use functions::{Exhausted, Func};
 use parking_lot::Mutex;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 pub use thread::MAX_STACKS;
-use thread::{Agg, Frame, Shadow, GAP, MAX_DEPTH};
+use thread::{Agg, Frame, Shadow, MAX_DEPTH};
 use wordpatch::tsc;
 
 /// Profiler settings, from the environment.
@@ -124,6 +125,7 @@ pub(crate) struct Profiler {
     pub settings: Settings,
     pub funcs: Segmented<Func, 1024>,
     by_addr: Mutex<HashMap<usize, u32>>,
+    exhausted: Exhausted,
     pub threads: Mutex<Vec<Arc<ThreadStore>>>,
     pub counters: Counters,
     pub start: Mutex<(u64, Instant)>,
@@ -293,6 +295,7 @@ extern "C" fn on_entry(id: ProbeId) {
         if n == p.settings.samples {
             f.t_k.store(t_in, Ordering::Relaxed);
             f.exhausted.store(true, Ordering::Release);
+            p.exhausted.push(fi, f);
         }
         // This probe fired, so it is on; another copy of the function's
         // entry may have filled the quota.
@@ -380,40 +383,15 @@ extern "C" fn on_exit(id: ProbeId) {
             }
         }
         sh.build_path(&done, |i| get().and_then(|p| p.funcs.get(i)));
-        {
-            let mut agg = store.agg.lock();
-            agg.fns.entry(fi).or_default().record(dur);
-            // An edge needs to know its caller; before the function's
-            // extent is known (its first epoch) the sample has none.
-            if done.from != 0 {
-                let e = agg.edges.entry((done.from, fi)).or_default();
-                e.0 += 1;
-                e.1 += dur;
-            }
-            let self_ticks = dur.saturating_sub(done.child);
-            let short = [GAP, u64::from(fi)];
-            // One hash when the path is known (the common case); a key is
-            // allocated only for a path seen for the first time.
-            let key = if agg.stacks.len() < MAX_STACKS || agg.stacks.contains_key(sh.path.as_slice()) {
-                sh.path.as_slice()
-            } else {
-                // A thread's distinct paths are bounded (an interpreter's
-                // recursion makes hundreds of thousands, and the reports
-                // grew to 90 MB): past the bound, a new path is kept as
-                // `[...];function`, which claims no caller.
-                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
-                &short[..]
-            };
-            match agg.stacks.get_mut(key) {
-                Some(s) => {
-                    s.0 += 1;
-                    s.1 += self_ticks;
-                }
-                None => {
-                    agg.stacks.insert(key.into(), (1, self_ticks));
-                }
+        let self_ticks = dur.saturating_sub(done.child);
+        let mut agg = store.agg.lock();
+        if agg.log(fi, done.from, dur, self_ticks, &sh.path) {
+            let merged = agg.fold();
+            if merged > 0 {
+                p.counters.stacks_merged.fetch_add(merged, Ordering::Relaxed);
             }
         }
+        drop(agg);
         p.counters.samples.fetch_add(1, Ordering::Relaxed);
         let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
         if left <= 0 && f.exhausted.load(Ordering::Acquire) {
@@ -449,7 +427,7 @@ fn discovered(m: &ProbeMeta) {
         probe.tool.store(fi as u64 + 1, Ordering::Relaxed);
     }
     let entry = m.kind == ProbeKind::Entry;
-    f.probes.lock().push((m.id, entry));
+    f.probes.push(m.id, entry);
     if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
         crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
     }
@@ -478,38 +456,53 @@ fn resolve_ends(p: &Profiler, from: &mut u32) {
     *from = n;
 }
 
+/// Opens `f`'s next window and switches its probes back on, exits first
+/// so that no sampled entry misses its exit; returns how many it switched.
+/// `probes` is scratch.
+fn rearm(f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
+    let mut toggles = 0;
+    probes.clear();
+    f.probes.copy_into(probes);
+    for entry in [false, true] {
+        if entry {
+            f.open_window(tsc::now());
+        }
+        for &(id, _) in probes.iter().filter(|x| x.1 == entry) {
+            let h: crate::Handler = if entry { on_entry } else { on_exit };
+            if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
+                if !entry {
+                    // Calls entered while it was off would otherwise look
+                    // watched from here on.
+                    f.exit_gen.fetch_add(1, Ordering::AcqRel);
+                }
+                toggles += 1;
+            }
+        }
+    }
+    toggles
+}
+
 fn daemon() {
     let Some(p) = get() else { return };
     let mut resolved = 0u32;
+    // Reused: no allocation per function per epoch.
+    let mut probes: Vec<(u32, bool)> = Vec::new();
+    let mut due: Vec<u32> = Vec::new();
     while !p.stop.load(Ordering::Relaxed) {
         std::thread::sleep(p.settings.epoch);
         resolve_ends(p, &mut resolved);
         let now = tsc::now();
-        for i in 0..p.funcs.len() {
+        let mut toggles = 0;
+        due.clear();
+        // Every link is read before any window reopens (see `Exhausted`).
+        p.exhausted.take_into(|i| p.funcs.get(i), &mut due);
+        for &i in &due {
             let Some(f) = p.funcs.get(i) else { continue };
-            if !f.exhausted.load(Ordering::Acquire) {
-                continue;
-            }
             f.close_window(p.settings.samples, now);
-            // Exits first, so no sampled entry misses its exit.
-            let probes = f.probes.lock().clone();
-            for entry in [false, true] {
-                if entry {
-                    f.open_window(tsc::now());
-                }
-                for &(id, _) in probes.iter().filter(|x| x.1 == entry) {
-                    let h: crate::Handler = if entry { on_entry } else { on_exit };
-                    if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
-                        if !entry {
-                            // Calls entered while it was off would otherwise
-                            // look watched from here on.
-                            f.exit_gen.fetch_add(1, Ordering::AcqRel);
-                        }
-                        p.counters.toggles.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
+            toggles += rearm(f, &mut probes);
         }
+        // Once per epoch: the handlers update this counter too.
+        p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
         if p.dump.swap(false, Ordering::AcqRel) {
             write_reports(true);
         }
@@ -531,6 +524,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         settings,
         funcs: Segmented::new(),
         by_addr: Mutex::new(HashMap::new()),
+        exhausted: Exhausted::default(),
         threads: Mutex::new(Vec::new()),
         counters: Counters::default(),
         start: Mutex::new((tsc::now(), Instant::now())),
@@ -608,9 +602,16 @@ pub(crate) fn fork_child() {
     fork_unlock(p);
     let now = tsc::now();
     *p.start.lock() = (now, Instant::now());
+    // Functions whose quota filled in the parent have their entry probes
+    // off: re-armed now, so the child's first calls are counted too (the
+    // child is one thread until it returns from fork).
+    p.exhausted.clear();
+    let mut probes = Vec::new();
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
-            f.reset(now);
+            if f.reset(now) {
+                rearm(f, &mut probes);
+            }
         }
     }
     let me = LOCAL.try_with(|l| l.0.clone()).ok();
@@ -646,8 +647,14 @@ pub(crate) fn write_reports(on_demand: bool) {
     if registry::count() == 0 {
         return;
     }
+    let began = Instant::now();
     let r = report::collect(p);
-    match report::write_all(&r, &p.out) {
+    let written = report::write_all(&r, &p.out);
+    crate::log::debug(format_args!(
+        "profile: report collected and written in {:?}",
+        began.elapsed()
+    ));
+    match written {
         Ok(paths) => eprintln!(
             "fastinst: profile of {} functions ({} samples) written to {} (also {})",
             r.functions.len(),

@@ -16,33 +16,10 @@
 //! made across activations, so a duration is never misattributed.
 
 use super::functions::Func;
+use super::hist::Hist;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
-
-/// Histogram buckets: 16 exact, then 16 per power of two (6% wide).
-pub(crate) const BUCKETS: usize = 1024;
-
-/// Bucket of a duration in ticks.
-pub(crate) fn bucket(x: u64) -> usize {
-    if x < 16 {
-        return x as usize;
-    }
-    let e = 63 - x.leading_zeros() as usize;
-    let m = ((x >> (e - 4)) & 15) as usize;
-    ((e - 3) * 16 + m).min(BUCKETS - 1)
-}
-
-/// Middle of a bucket's range, in ticks.
-pub(crate) fn bucket_mid(b: usize) -> f64 {
-    if b < 16 {
-        return b as f64;
-    }
-    let e = b / 16 + 3;
-    let m = (b % 16) as u64;
-    let lo = (16 + m) << (e - 4);
-    lo as f64 + (1u64 << (e - 4)) as f64 / 2.0
-}
 
 /// A sampled activation on the shadow stack.
 #[derive(Clone, Copy, Debug)]
@@ -84,48 +61,42 @@ impl Frame {
 /// Deepest shadow stack kept; deeper sampled calls are dropped and counted.
 pub(crate) const MAX_DEPTH: usize = 512;
 
-/// One function's samples on one thread.
+/// One function's samples on one thread: one cache line, indexed by the
+/// function's index (no hashing), with its histogram's few lines beside it.
+#[derive(Clone, Default)]
+#[repr(align(64))]
 pub(crate) struct FnAgg {
     pub n: u64,
     pub sum: u64,
     pub min: u64,
     pub max: u64,
-    pub hist: Box<[u32; BUCKETS]>,
+    pub hist: Hist,
 }
 
 impl FnAgg {
-    fn new() -> FnAgg {
-        FnAgg {
-            n: 0,
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
-            hist: Box::new([0; BUCKETS]),
-        }
-    }
-
     pub(crate) fn record(&mut self, d: u64) {
+        if self.n == 0 {
+            self.min = d;
+        }
         self.n += 1;
         self.sum += d;
         self.min = self.min.min(d);
         self.max = self.max.max(d);
-        self.hist[bucket(d)] += 1;
+        self.hist.add(d);
     }
 
     pub(crate) fn merge(&mut self, o: &FnAgg) {
+        if o.n == 0 {
+            return;
+        }
+        if self.n == 0 {
+            self.min = o.min;
+        }
         self.n += o.n;
         self.sum += o.sum;
         self.min = self.min.min(o.min);
         self.max = self.max.max(o.max);
-        for (a, b) in self.hist.iter_mut().zip(o.hist.iter()) {
-            *a += b;
-        }
-    }
-}
-
-impl Default for FnAgg {
-    fn default() -> Self {
-        FnAgg::new()
+        self.hist.merge(&o.hist);
     }
 }
 
@@ -183,14 +154,149 @@ impl Hasher for FxHasher {
 /// A map hashed with [`FxHasher`].
 pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// Words of samples a thread logs before it folds them into its
+/// aggregates (about 400 samples of typical depth).
+const FOLD_WORDS: usize = 8192;
+
 /// A thread's aggregates.
+///
+/// A sample is first appended to a log, and the log is folded into the
+/// aggregates a few hundred samples at a time (and before a report reads
+/// them). Each sample updates a function's counters and histogram, an edge
+/// and a call path: lines the program has evicted since that function's
+/// last sample. Recorded one by one, between stretches of the program's
+/// own work, each update waited for its misses in turn (a third of a
+/// sample's cost on SQLite); folded in a batch, the aggregates are
+/// prefetched for the whole batch first and the misses overlap.
 #[derive(Default)]
 pub(crate) struct Agg {
-    pub fns: FxMap<u32, FnAgg>,
+    /// By function index; `n == 0` for a function not sampled here.
+    pub fns: Vec<FnAgg>,
     /// (call site, callee) -> (sampled calls, ticks).
     pub edges: FxMap<(u64, u32), (u64, u64)>,
     /// path -> (samples, self ticks); the last item is the sampled function.
     pub stacks: FxMap<Box<[u64]>, (u64, u64)>,
+    /// Samples not yet folded: per sample `[function, from, duration, self
+    /// ticks, path length, path...]` (see [`Agg::log`]).
+    pending: Vec<u64>,
+}
+
+/// Header words of a logged sample.
+const HEADER: usize = 5;
+
+impl Agg {
+    /// Logs a sampled call of function `fi` that lasted `dur` ticks,
+    /// `self_ticks` of them outside its sampled children, called from
+    /// `from` (0: unknown), along `path`. True when the log should be
+    /// [folded](Agg::fold).
+    #[inline]
+    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, path: &[u64]) -> bool {
+        if self.pending.capacity() == 0 {
+            self.pending.reserve_exact(FOLD_WORDS + HEADER + 64);
+        }
+        self.pending
+            .extend_from_slice(&[u64::from(fi), from, dur, self_ticks, path.len() as u64]);
+        self.pending.extend_from_slice(path);
+        self.pending.len() >= FOLD_WORDS
+    }
+
+    /// Folds the logged samples into the aggregates; returns how many new
+    /// paths were past [`MAX_STACKS`] and kept as `[...];function`.
+    pub(crate) fn fold(&mut self) -> u64 {
+        let mut log = std::mem::take(&mut self.pending);
+        let samples = || logged(&log);
+        // Every function's counters first, so their misses overlap; then
+        // the histograms' lines, which those counters locate.
+        for (fi, ..) in samples() {
+            prefetch(self.function(fi));
+        }
+        for (fi, _, dur, ..) in samples() {
+            if let Some(c) = self.fns[fi as usize].hist.slot(dur) {
+                prefetch(c);
+            }
+        }
+        let mut merged = 0;
+        for (fi, from, dur, self_ticks, path) in samples() {
+            self.fns[fi as usize].record(dur);
+            // An edge needs to know its caller; before the function's
+            // extent is known (its first epoch) the sample has none.
+            if from != 0 {
+                let e = self.edges.entry((from, fi)).or_default();
+                e.0 += 1;
+                e.1 += dur;
+            }
+            // One hash and probe when the path is known (the common case);
+            // a key is allocated only for a path seen for the first time.
+            if let Some(s) = self.stacks.get_mut(path) {
+                s.0 += 1;
+                s.1 += self_ticks;
+                continue;
+            }
+            let short = [GAP, u64::from(fi)];
+            let key = if self.stacks.len() < MAX_STACKS {
+                path
+            } else {
+                // A thread's distinct paths are bounded (an interpreter's
+                // recursion makes hundreds of thousands, and the reports
+                // grew to 90 MB): past the bound, a new path is kept as
+                // `[...];function`, which claims no caller.
+                merged += 1;
+                &short[..]
+            };
+            match self.stacks.get_mut(key) {
+                Some(s) => {
+                    s.0 += 1;
+                    s.1 += self_ticks;
+                }
+                None => {
+                    self.stacks.insert(key.into(), (1, self_ticks));
+                }
+            }
+        }
+        // The log's buffer is reused.
+        log.clear();
+        self.pending = log;
+        merged
+    }
+
+    /// Function `fi`'s aggregate on this thread.
+    #[inline]
+    fn function(&mut self, fi: u32) -> &mut FnAgg {
+        let i = fi as usize;
+        if i >= self.fns.len() {
+            // Whole pages of room: functions are discovered in bursts.
+            self.fns.resize_with((i + 64).next_multiple_of(64), FnAgg::default);
+        }
+        &mut self.fns[i]
+    }
+
+    /// The functions sampled on this thread, by index (after a fold).
+    pub(crate) fn sampled(&self) -> impl Iterator<Item = (u32, &FnAgg)> {
+        self.fns
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.n > 0)
+            .map(|(i, a)| (i as u32, a))
+    }
+}
+
+/// The samples of a log: (function, from, duration, self ticks, path).
+fn logged(log: &[u64]) -> impl Iterator<Item = (u32, u64, u64, u64, &[u64])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let h = log.get(at..at + HEADER)?;
+        let path = &log[at + HEADER..at + HEADER + h[4] as usize];
+        at += HEADER + path.len();
+        Some((h[0] as u32, h[1], h[2], h[3], path))
+    })
+}
+
+/// Starts loading the cache line at `p`.
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    // SAFETY: a prefetch is a hint: it never faults and changes no state
+    // the program can see, whatever the address.
+    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>()) };
 }
 
 /// The shadow stack; only its thread touches it.
@@ -246,23 +352,6 @@ impl Shadow {
             }
             self.path.push(fr.func as u64);
             prev = Some(fr);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buckets_are_monotone_and_tight() {
-        let mut last = 0;
-        for x in (1..1_000_000u64).step_by(7) {
-            let b = bucket(x);
-            assert!(b >= last);
-            last = b;
-            let mid = bucket_mid(b);
-            assert!((mid - x as f64).abs() <= 0.035 * x as f64 + 1.0, "{x} -> {b} mid {mid}");
         }
     }
 }
