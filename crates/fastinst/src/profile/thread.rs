@@ -63,7 +63,7 @@ pub(crate) const MAX_DEPTH: usize = 512;
 
 /// One function's samples on one thread: one cache line, indexed by the
 /// function's index (no hashing), with its histogram's few lines beside it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 #[repr(align(64))]
 pub(crate) struct FnAgg {
     pub n: u64,
@@ -73,11 +73,20 @@ pub(crate) struct FnAgg {
     pub hist: Hist,
 }
 
+impl Default for FnAgg {
+    fn default() -> Self {
+        FnAgg {
+            n: 0,
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+            hist: Hist::default(),
+        }
+    }
+}
+
 impl FnAgg {
     pub(crate) fn record(&mut self, d: u64) {
-        if self.n == 0 {
-            self.min = d;
-        }
         self.n += 1;
         self.sum += d;
         self.min = self.min.min(d);
@@ -86,12 +95,6 @@ impl FnAgg {
     }
 
     pub(crate) fn merge(&mut self, o: &FnAgg) {
-        if o.n == 0 {
-            return;
-        }
-        if self.n == 0 {
-            self.min = o.min;
-        }
         self.n += o.n;
         self.sum += o.sum;
         self.min = self.min.min(o.min);
