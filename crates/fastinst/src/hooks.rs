@@ -31,6 +31,10 @@ pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
 core::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
+    // Global but hidden, like `fastinst_hook_ctx` below: code that reads
+    // the guard may be inlined into any codegen unit.
+    ".globl fastinst_in_handler",
+    ".hidden fastinst_in_handler",
     ".type fastinst_in_handler,@object",
     ".size fastinst_in_handler,8",
     "fastinst_in_handler:",

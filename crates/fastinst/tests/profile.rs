@@ -101,7 +101,7 @@ fn check_structure(r: &Report) {
     assert!(!r.stacks.is_empty());
     for s in &r.stacks {
         for w in s.frames.windows(2) {
-            let (a, b) = (w[0].as_str(), w[1].as_str());
+            let (a, b) = (&*w[0], &*w[1]);
             if a == "[...]" || b == "[...]" || !INSTRUMENTED.contains(&a) {
                 continue;
             }
@@ -354,7 +354,7 @@ fn jumps(flag: &str) {
     }
     for s in &r.stacks {
         for w in s.frames.windows(2) {
-            let (a, b) = (w[0].as_str(), w[1].as_str());
+            let (a, b) = (&*w[0], &*w[1]);
             if FUNCS.contains(&a) && FUNCS.contains(&b) {
                 assert!(happened(a, b), "stack {:?} joins {a} -> {b}", s.frames);
             }

@@ -14,6 +14,7 @@
 
 mod functions;
 mod hist;
+mod paths;
 pub mod report;
 mod thread;
 
@@ -22,14 +23,14 @@ use crate::registry;
 use crate::segmented::Segmented;
 use functions::{Exhausted, Func};
 use parking_lot::Mutex;
+pub use paths::MAX_PATH_NODES;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-pub use thread::MAX_STACKS;
-use thread::{Agg, Frame, Shadow, MAX_DEPTH};
+use thread::{Agg, Frame, Shadow, MAX_DEPTH, NO_NODE};
 use wordpatch::tsc;
 
 /// Profiler settings, from the environment.
@@ -126,6 +127,9 @@ pub(crate) struct Profiler {
     pub funcs: Segmented<Func, 1024>,
     by_addr: Mutex<HashMap<usize, u32>>,
     exhausted: Exhausted,
+    /// Moves whenever a live frame's call path may have changed; see
+    /// [`Shadow::path_node`] and [`paths_may_change`].
+    path_epoch: AtomicU32,
     pub threads: Mutex<Vec<Arc<ThreadStore>>>,
     pub counters: Counters,
     pub start: Mutex<(u64, Instant)>,
@@ -281,9 +285,29 @@ fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool, e
 /// call entered before the stamp may now return unseen.
 fn exit_off(p: &Profiler, f: &Func, id: ProbeId) {
     if crate::deactivate(id).is_ok() {
-        f.exit_gen.fetch_add(1, Ordering::AcqRel);
+        exit_watch_changed(p, f);
         p.counters.toggles.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Stamps a switch of one of `f`'s exit probes (see [`Frame::exit_gen`]);
+/// if a sampled call of `f` may be in flight, the paths through it may
+/// change too.
+///
+/// Both steps are `SeqCst`, as is the entry's count-then-stamp: either the
+/// entry reads the new stamp (its frame is unaffected), or this reads its
+/// count and moves the path epoch. Most switches happen with nothing in
+/// flight and leave every thread's kept path nodes valid.
+fn exit_watch_changed(p: &Profiler, f: &Func) {
+    f.exit_gen.fetch_add(1, Ordering::SeqCst);
+    if f.outstanding.load(Ordering::SeqCst) > 0 {
+        paths_may_change(p);
+    }
+}
+
+/// Invalidates every path node kept in a shadow-stack frame.
+fn paths_may_change(p: &Profiler) {
+    p.path_epoch.fetch_add(1, Ordering::SeqCst);
 }
 
 extern "C" fn on_entry(id: ProbeId) {
@@ -314,10 +338,11 @@ extern "C" fn on_entry(id: ProbeId) {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        f.outstanding.fetch_add(1, Ordering::Relaxed);
+        // SeqCst: see `exit_watch_changed`.
+        f.outstanding.fetch_add(1, Ordering::SeqCst);
         let t0 = tsc::now();
         sh.frames.push(Frame {
-            exit_gen: f.exit_gen.load(Ordering::Acquire),
+            exit_gen: f.exit_gen.load(Ordering::SeqCst),
             func: fi,
             cfa,
             caller: ctx.call_site as u64,
@@ -325,6 +350,9 @@ extern "C" fn on_entry(id: ProbeId) {
             entry: id,
             t0,
             child: 0,
+            node: NO_NODE,
+            node_epoch: 0,
+            open: false,
         });
         p.counters.handler_ticks.fetch_add(t0 - t_in, Ordering::Relaxed);
     });
@@ -382,14 +410,19 @@ extern "C" fn on_exit(id: ProbeId) {
                 parent.child += dur;
             }
         }
-        sh.build_path(&done, |i| get().and_then(|p| p.funcs.get(i)));
         let self_ticks = dur.saturating_sub(done.child);
+        // Read before any frame's watch stamp (see `Shadow::path_node`).
+        let epoch = p.path_epoch.load(Ordering::SeqCst);
         let mut agg = store.agg.lock();
-        if agg.log(fi, done.from, dur, self_ticks, &sh.path) {
-            let merged = agg.fold();
-            if merged > 0 {
-                p.counters.stacks_merged.fetch_add(merged, Ordering::Relaxed);
+        let node = match sh.path_node(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i))) {
+            Some(node) => node,
+            None => {
+                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
+                agg.paths.merged(fi)
             }
+        };
+        if agg.log(fi, done.from, dur, self_ticks, node) {
+            agg.fold();
         }
         drop(agg);
         p.counters.samples.fetch_add(1, Ordering::Relaxed);
@@ -440,6 +473,8 @@ fn resolve_ends(p: &Profiler, from: &mut u32) {
     if *from >= n {
         return;
     }
+    // Whether a caller is direct depends on the extents.
+    paths_may_change(p);
     crate::discovery::with_state(|st| {
         for i in *from..n {
             if let Some(f) = p.funcs.get(i) {
@@ -459,7 +494,7 @@ fn resolve_ends(p: &Profiler, from: &mut u32) {
 /// Opens `f`'s next window and switches its probes back on, exits first
 /// so that no sampled entry misses its exit; returns how many it switched.
 /// `probes` is scratch.
-fn rearm(f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
+fn rearm(p: &Profiler, f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
     let mut toggles = 0;
     probes.clear();
     f.probes.copy_into(probes);
@@ -473,7 +508,7 @@ fn rearm(f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
                 if !entry {
                     // Calls entered while it was off would otherwise look
                     // watched from here on.
-                    f.exit_gen.fetch_add(1, Ordering::AcqRel);
+                    exit_watch_changed(p, f);
                 }
                 toggles += 1;
             }
@@ -499,7 +534,7 @@ fn daemon() {
         for &i in &due {
             let Some(f) = p.funcs.get(i) else { continue };
             f.close_window(p.settings.samples, now);
-            toggles += rearm(f, &mut probes);
+            toggles += rearm(p, f, &mut probes);
         }
         // Once per epoch: the handlers update this counter too.
         p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
@@ -525,6 +560,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         funcs: Segmented::new(),
         by_addr: Mutex::new(HashMap::new()),
         exhausted: Exhausted::default(),
+        path_epoch: AtomicU32::new(0),
         threads: Mutex::new(Vec::new()),
         counters: Counters::default(),
         start: Mutex::new((tsc::now(), Instant::now())),
@@ -610,10 +646,21 @@ pub(crate) fn fork_child() {
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
             if f.reset(now) {
-                rearm(f, &mut probes);
+                rearm(p, f, &mut probes);
             }
         }
     }
+    // The reset forgot this thread's sampled calls in flight, which the
+    // child still exits; and its kept path nodes index the parent's
+    // tables, which the child starts afresh.
+    with_local(|_, sh| {
+        for fr in &sh.frames {
+            if let Some(f) = p.funcs.get(fr.func) {
+                f.outstanding.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    paths_may_change(p);
     let me = LOCAL.try_with(|l| l.0.clone()).ok();
     let mut threads = p.threads.lock();
     threads.retain(|t| me.as_ref().is_some_and(|m| Arc::ptr_eq(m, t)));

@@ -34,6 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// The schema name and version this crate writes and reads.
 pub const SCHEMA: &str = "fastinst-profile/1";
@@ -101,7 +102,7 @@ pub struct Overhead {
     /// Hooks on a thread that was exiting (dropped).
     pub no_thread: u64,
     /// Samples whose call path was new after a thread's path table was
-    /// full ([`super::MAX_STACKS`]): kept as `[...];function`.
+    /// full ([`super::MAX_PATH_NODES`]): kept as `[...];function`.
     #[serde(default)]
     pub stacks_merged: u64,
 }
@@ -156,7 +157,7 @@ pub struct EdgeRow {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct StackRow {
     /// Outermost first; `[...]` marks frames not sampled.
-    pub frames: Vec<String>,
+    pub frames: Vec<Arc<str>>,
     /// Sampled calls ending this path.
     pub samples: u64,
     /// Estimated self time of the last frame along this path.
@@ -178,8 +179,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let mut stacks: HashMap<Box<[u64]>, (u64, u64)> = HashMap::new();
     for t in p.threads.lock().iter() {
         let mut a = t.agg.lock();
-        let merged = a.fold();
-        p.counters.stacks_merged.fetch_add(merged, Ordering::Relaxed);
+        a.fold();
         for (fi, fa) in a.sampled() {
             let e = fns.entry(fi).or_default();
             e.0.merge(fa);
@@ -190,10 +190,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             e.0 += v.0;
             e.1 += v.1;
         }
-        for (key, v) in &a.stacks {
-            let e = stacks.entry(key.clone()).or_default();
-            e.0 += v.0;
-            e.1 += v.1;
+        for (path, n, self_ticks) in a.paths.sampled() {
+            let e = stacks.entry(path.into_boxed_slice()).or_default();
+            e.0 += n;
+            e.1 += self_ticks;
         }
     }
 
@@ -210,11 +210,25 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         let r = ranges.get(i.checked_sub(1)?)?;
         (r.1 != 0 && (ret as usize) <= r.1).then_some(r.2)
     };
-    let mut symbol_cache: HashMap<u64, String> = HashMap::new();
-    let mut name_of_ret = |ret: u64| -> String {
-        if let Some(fi) = caller_fn(ret) {
-            return fn_name(p, fi);
+    // Each name is made once and shared by every path it appears on: a
+    // string per frame per path was a third of the time spent here.
+    let mut fn_names: HashMap<u32, Arc<str>> = HashMap::new();
+    let mut symbol_cache: HashMap<u64, Arc<str>> = HashMap::new();
+    let gap: Arc<str> = "[...]".into();
+    // A path item's name: a function, or a caller by return address.
+    let mut name_of = |item: u64| -> Arc<str> {
+        if item == GAP {
+            return gap.clone();
         }
+        let fi = if item & CALLER_TAG == 0 {
+            Some(item as u32)
+        } else {
+            caller_fn(item & !CALLER_TAG)
+        };
+        if let Some(fi) = fi {
+            return fn_names.entry(fi).or_insert_with(|| fn_name(p, fi).into()).clone();
+        }
+        let ret = item & !CALLER_TAG;
         symbol_cache
             .entry(ret)
             .or_insert_with(|| {
@@ -225,6 +239,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                         .map(|f| providers::elf::demangle(&f.name))
                 })
                 .unwrap_or_else(|| format!("[{ret:#x}]"))
+                .into()
             })
             .clone()
     };
@@ -239,10 +254,12 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let total_of = |fi: u32| est.get(&fi).copied().unwrap_or(0.0) * mean.get(&fi).copied().unwrap_or(0.0);
 
     // Edges, merged by caller function.
-    let mut edge_rows: HashMap<(String, u32), (u64, u64, Option<u32>)> = HashMap::new();
+    // (caller name, callee) -> (sampled calls, ticks, caller function).
+    type EdgeRows = HashMap<(Arc<str>, u32), (u64, u64, Option<u32>)>;
+    let mut edge_rows = EdgeRows::new();
     for ((site, callee), (n, ticks)) in &edges {
         let cf = caller_fn(*site);
-        let name = name_of_ret(*site);
+        let name = name_of(CALLER_TAG | *site);
         let e = edge_rows.entry((name, *callee)).or_insert((0, 0, cf));
         e.0 += n;
         e.1 += ticks;
@@ -259,7 +276,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         }
         edges_out.push(EdgeRow {
-            caller,
+            caller: caller.to_string(),
             callee: fn_name(p, callee),
             calls_sampled: n,
             calls_estimated: calls,
@@ -307,14 +324,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             let last = *path.last().expect("a path ends at its function") as u32;
             let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
             let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
-            let frames = path
-                .iter()
-                .map(|&item| match item {
-                    GAP => "[...]".to_string(),
-                    i if i & CALLER_TAG != 0 => name_of_ret(i & !CALLER_TAG),
-                    i => fn_name(p, i as u32),
-                })
-                .collect();
+            let frames = path.iter().map(|&item| name_of(item)).collect();
             StackRow {
                 frames,
                 samples: *n,
@@ -396,9 +406,9 @@ pub fn render_text(r: &Report) -> String {
     if o.stacks_merged > 0 {
         let _ = writeln!(
             s,
-            "call paths: {} samples past the table's {} distinct paths per thread are shown as [...];function",
+            "call paths: {} samples past the table's {} distinct path prefixes per thread are shown as [...];function",
             o.stacks_merged,
-            super::MAX_STACKS
+            super::MAX_PATH_NODES
         );
     }
     let _ = writeln!(s);
@@ -460,7 +470,11 @@ pub fn render_folded(r: &Report) -> String {
                 s.push(';');
             }
             // `;` separates frames and ` ` the weight.
-            s.extend(f.chars().map(|c| if c == ';' || c == ' ' { '_' } else { c }));
+            if f.bytes().any(|b| b == b';' || b == b' ') {
+                s.extend(f.chars().map(|c| if c == ';' || c == ' ' { '_' } else { c }));
+            } else {
+                s.push_str(f);
+            }
         }
         let _ = writeln!(s, " {w}");
     }

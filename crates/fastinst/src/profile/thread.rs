@@ -17,6 +17,7 @@
 
 use super::functions::Func;
 use super::hist::Hist;
+use super::paths::{Paths, ROOT};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
@@ -49,7 +50,19 @@ pub(crate) struct Frame {
     /// paired with a later exit (which would time two calls as one), nor
     /// shown on a path.
     pub exit_gen: u32,
+    /// The interned path that ends at this frame ([`NO_NODE`]: not yet
+    /// worked out), valid while the profiler's path epoch is still
+    /// `node_epoch` (see [`Shadow::path_node`]).
+    pub node: u32,
+    /// The path epoch `node` was worked out in.
+    pub node_epoch: u32,
+    /// Whether this frame is on its own path (it was watched then), so
+    /// that the next frame up may be joined to it as its callee.
+    pub open: bool,
 }
+
+/// [`Frame::node`] not yet worked out.
+pub(crate) const NO_NODE: u32 = u32::MAX;
 
 impl Frame {
     /// Whether every exit of this call would have been seen so far.
@@ -157,9 +170,8 @@ impl Hasher for FxHasher {
 /// A map hashed with [`FxHasher`].
 pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// Words of samples a thread logs before it folds them into its
-/// aggregates (about 400 samples of typical depth).
-const FOLD_WORDS: usize = 8192;
+/// Samples a thread logs before it folds them into its aggregates.
+const FOLD_SAMPLES: usize = 512;
 
 /// A thread's aggregates.
 ///
@@ -177,89 +189,71 @@ pub(crate) struct Agg {
     pub fns: Vec<FnAgg>,
     /// (call site, callee) -> (sampled calls, ticks).
     pub edges: FxMap<(u64, u32), (u64, u64)>,
-    /// path -> (samples, self ticks); the last item is the sampled function.
-    pub stacks: FxMap<Box<[u64]>, (u64, u64)>,
-    /// Samples not yet folded: per sample `[function, from, duration, self
-    /// ticks, path length, path...]` (see [`Agg::log`]).
-    pending: Vec<u64>,
+    /// The call paths, with each path's samples and self ticks.
+    pub paths: Paths,
+    /// Samples not yet folded.
+    pending: Vec<Logged>,
 }
 
-/// Header words of a logged sample.
-const HEADER: usize = 5;
+/// A sample waiting in the log.
+#[derive(Clone, Copy)]
+struct Logged {
+    func: u32,
+    node: u32,
+    from: u64,
+    dur: u64,
+    self_ticks: u64,
+}
 
 impl Agg {
     /// Logs a sampled call of function `fi` that lasted `dur` ticks,
     /// `self_ticks` of them outside its sampled children, called from
-    /// `from` (0: unknown), along `path`. True when the log should be
-    /// [folded](Agg::fold).
+    /// `from` (0: unknown), along path `node` of [`Agg::paths`]. True when
+    /// the log should be [folded](Agg::fold).
     #[inline]
-    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, path: &[u64]) -> bool {
+    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, node: u32) -> bool {
         if self.pending.capacity() == 0 {
-            self.pending.reserve_exact(FOLD_WORDS + HEADER + 64);
+            self.pending.reserve_exact(FOLD_SAMPLES);
         }
-        self.pending
-            .extend_from_slice(&[u64::from(fi), from, dur, self_ticks, path.len() as u64]);
-        self.pending.extend_from_slice(path);
-        self.pending.len() >= FOLD_WORDS
+        self.pending.push(Logged {
+            func: fi,
+            node,
+            from,
+            dur,
+            self_ticks,
+        });
+        self.pending.len() >= FOLD_SAMPLES
     }
 
-    /// Folds the logged samples into the aggregates; returns how many new
-    /// paths were past [`MAX_STACKS`] and kept as `[...];function`.
-    pub(crate) fn fold(&mut self) -> u64 {
-        let mut log = std::mem::take(&mut self.pending);
-        let samples = || logged(&log);
-        // Every function's counters first, so their misses overlap; then
-        // the histograms' lines, which those counters locate.
-        for (fi, ..) in samples() {
-            prefetch(self.function(fi));
+    /// Folds the logged samples into the aggregates.
+    pub(crate) fn fold(&mut self) {
+        let log = std::mem::take(&mut self.pending);
+        // Every function's counters and path first, so their misses
+        // overlap; then the histograms' lines, which those counters locate.
+        for s in &log {
+            prefetch(self.function(s.func));
+            prefetch(self.paths.slot(s.node));
         }
-        for (fi, _, dur, ..) in samples() {
-            if let Some(c) = self.fns[fi as usize].hist.slot(dur) {
+        for s in &log {
+            if let Some(c) = self.fns[s.func as usize].hist.slot(s.dur) {
                 prefetch(c);
             }
         }
-        let mut merged = 0;
-        for (fi, from, dur, self_ticks, path) in samples() {
-            self.fns[fi as usize].record(dur);
+        for s in &log {
+            self.fns[s.func as usize].record(s.dur);
             // An edge needs to know its caller; before the function's
             // extent is known (its first epoch) the sample has none.
-            if from != 0 {
-                let e = self.edges.entry((from, fi)).or_default();
+            if s.from != 0 {
+                let e = self.edges.entry((s.from, s.func)).or_default();
                 e.0 += 1;
-                e.1 += dur;
+                e.1 += s.dur;
             }
-            // One hash and probe when the path is known (the common case);
-            // a key is allocated only for a path seen for the first time.
-            if let Some(s) = self.stacks.get_mut(path) {
-                s.0 += 1;
-                s.1 += self_ticks;
-                continue;
-            }
-            let short = [GAP, u64::from(fi)];
-            let key = if self.stacks.len() < MAX_STACKS {
-                path
-            } else {
-                // A thread's distinct paths are bounded (an interpreter's
-                // recursion makes hundreds of thousands, and the reports
-                // grew to 90 MB): past the bound, a new path is kept as
-                // `[...];function`, which claims no caller.
-                merged += 1;
-                &short[..]
-            };
-            match self.stacks.get_mut(key) {
-                Some(s) => {
-                    s.0 += 1;
-                    s.1 += self_ticks;
-                }
-                None => {
-                    self.stacks.insert(key.into(), (1, self_ticks));
-                }
-            }
+            self.paths.add(s.node, s.self_ticks);
         }
         // The log's buffer is reused.
+        let mut log = log;
         log.clear();
         self.pending = log;
-        merged
     }
 
     /// Function `fi`'s aggregate on this thread.
@@ -283,17 +277,6 @@ impl Agg {
     }
 }
 
-/// The samples of a log: (function, from, duration, self ticks, path).
-fn logged(log: &[u64]) -> impl Iterator<Item = (u32, u64, u64, u64, &[u64])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let h = log.get(at..at + HEADER)?;
-        let path = &log[at + HEADER..at + HEADER + h[4] as usize];
-        at += HEADER + path.len();
-        Some((h[0] as u32, h[1], h[2], h[3], path))
-    })
-}
-
 /// Starts loading the cache line at `p`.
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
@@ -309,8 +292,9 @@ pub(crate) struct Shadow {
     pub path: Vec<u64>,
 }
 
-/// Distinct call paths kept per thread; see `stacks_merged` in the report.
-pub const MAX_STACKS: usize = 4096;
+/// Sampled frames a path shows before it is cut to its innermost ones
+/// behind a `[...]`.
+const MAX_PATH: usize = 48;
 
 impl Shadow {
     pub(crate) fn new() -> Shadow {
@@ -325,36 +309,189 @@ impl Shadow {
     /// named by return address and a [`GAP`] wherever frames in between were
     /// not sampled. Never joins two frames that were not caller and callee.
     pub(crate) fn build_path(&mut self, done: &Frame, func: impl Fn(u32) -> Option<&'static Func>) {
-        const MAX_PATH: usize = 48;
         self.path.clear();
         let frames = &self.frames;
         let start = frames.len().saturating_sub(MAX_PATH);
-        let chain = frames[start..].iter().chain(std::iter::once(done));
-        let mut prev: Option<&Frame> = None;
         if start > 0 {
             self.path.push(GAP);
         }
-        for fr in chain {
-            if !func(fr.func).is_some_and(|f| fr.watched(f)) {
-                // A call that may have returned unseen is not on a path.
-                if prev.is_some() {
-                    self.path.push(GAP);
-                }
-                prev = None;
-                continue;
-            }
-            let direct =
-                fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
-            if !direct {
-                if prev.is_some() || fr.from == 0 {
-                    self.path.push(GAP);
-                }
-                if fr.from != 0 {
-                    self.path.push(CALLER_TAG | fr.from);
-                }
-            }
-            self.path.push(fr.func as u64);
-            prev = Some(fr);
+        let mut prev: Option<&Frame> = None;
+        for fr in frames[start..].iter().chain(std::iter::once(done)) {
+            let (items, n, on) = segment(prev, fr, &func);
+            self.path.extend_from_slice(&items[..n]);
+            prev = on.then_some(fr);
         }
+    }
+
+    /// The node in `paths` of the path [`build_path`](Self::build_path)
+    /// would build for `done`; `None` when it needs a new node and the
+    /// table is full.
+    ///
+    /// A frame keeps the node of the path that ends at it, so a path is its
+    /// parent's node extended by one frame's items: a lookup or two, not a
+    /// walk of the whole stack. A kept node is used only while `epoch`
+    /// (the profiler's path epoch, read before any frame is looked at) has
+    /// not moved since it was worked out: the epoch moves whenever
+    /// something a path depends on may have changed for a live frame (an
+    /// exit probe of a function with a sampled call in flight switched, a
+    /// function's extent resolved, a fork), and the nodes of the frames
+    /// above the deepest still-valid one are worked out again.
+    pub(crate) fn path_node(
+        &mut self,
+        done: &Frame,
+        paths: &mut Paths,
+        epoch: u32,
+        func: impl Fn(u32) -> Option<&'static Func>,
+    ) -> Option<u32> {
+        if self.frames.len() > MAX_PATH {
+            // Cut paths start at a different frame for each depth: no
+            // parent node to extend.
+            self.build_path(done, func);
+            return paths.intern(&self.path);
+        }
+        let frames = &mut self.frames;
+        let valid = |f: &Frame| f.node != NO_NODE && f.node_epoch == epoch;
+        let first = frames.iter().rposition(valid).map_or(0, |i| i + 1);
+        let (mut node, mut prev) = match first.checked_sub(1) {
+            Some(i) => (frames[i].node, frames[i].open.then_some(i)),
+            None => (ROOT, None),
+        };
+        for k in first..frames.len() {
+            let (items, n, on) = segment(prev.map(|i| &frames[i]), &frames[k], &func);
+            node = items[..n].iter().try_fold(node, |at, &item| paths.child(at, item))?;
+            let fr = &mut frames[k];
+            fr.node = node;
+            fr.node_epoch = epoch;
+            fr.open = on;
+            prev = on.then_some(k);
+        }
+        let (items, n, _) = segment(prev.map(|i| &frames[i]), done, &func);
+        items[..n].iter().try_fold(node, |at, &item| paths.child(at, item))
+    }
+}
+
+/// The items frame `fr` adds to a path after `prev` (the frame below it,
+/// when that one is on the path), and whether `fr` is on the path itself.
+#[inline]
+fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'static Func>) -> ([u64; 3], usize, bool) {
+    let mut items = [0; 3];
+    let mut n = 0;
+    let mut push = |item| {
+        items[n] = item;
+        n += 1;
+    };
+    if !func(fr.func).is_some_and(|f| fr.watched(f)) {
+        // A call that may have returned unseen is not on a path.
+        if prev.is_some() {
+            push(GAP);
+        }
+        return (items, n, false);
+    }
+    let direct = fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
+    if !direct {
+        if prev.is_some() || fr.from == 0 {
+            push(GAP);
+        }
+        if fr.from != 0 {
+            push(CALLER_TAG | fr.from);
+        }
+    }
+    push(u64::from(fr.func));
+    (items, n, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny xorshift, so the test needs no crate and repeats exactly.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    #[test]
+    fn kept_path_nodes_name_the_path_built_from_the_whole_stack() {
+        // Eight functions of 0x100 bytes each; extents start unknown.
+        let funcs: &'static [Func] = Box::leak(
+            (0..8)
+                .map(|i| Func::new(0x1000 + i * 0x100, String::new(), 0))
+                .collect(),
+        );
+        let func = |i: u32| funcs.get(i as usize);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut sh = Shadow::new();
+        let mut paths = Paths::default();
+        let mut epoch = 0u32;
+        let mut checked = 0;
+        for _ in 0..200_000 {
+            match rng.below(16) {
+                0..=6 if sh.frames.len() < 60 => {
+                    let fi = rng.below(8) as u32;
+                    // Called from inside the function below, from elsewhere,
+                    // or from an unknown place.
+                    let from = match (rng.below(4), sh.frames.last()) {
+                        (0 | 1, Some(top)) => funcs[top.func as usize].addr as u64 + 1 + rng.below(0xff),
+                        (2, _) => 0x9000 + rng.below(4),
+                        _ => 0,
+                    };
+                    sh.frames.push(Frame {
+                        func: fi,
+                        cfa: 0,
+                        caller: 0,
+                        from,
+                        entry: 0,
+                        t0: 0,
+                        child: 0,
+                        exit_gen: funcs[fi as usize].exit_gen.load(Ordering::Relaxed),
+                        node: NO_NODE,
+                        node_epoch: 0,
+                        open: false,
+                    });
+                }
+                7..=11 => {
+                    let Some(done) = sh.frames.pop() else { continue };
+                    sh.build_path(&done, func);
+                    let want = sh.path.clone();
+                    let node = match sh.path_node(&done, &mut paths, epoch, func) {
+                        Some(node) => node,
+                        None => {
+                            // Full: start a new table, as a forked child
+                            // does; the epoch retires the kept nodes.
+                            paths = Paths::default();
+                            epoch += 1;
+                            sh.path_node(&done, &mut paths, epoch, func).expect("room")
+                        }
+                    };
+                    assert_eq!(paths.path_of(node), want);
+                    checked += 1;
+                }
+                12 | 13 => {
+                    // An exit probe switched: the epoch moves only if a
+                    // call of that function is in flight.
+                    let fi = rng.below(8) as u32;
+                    funcs[fi as usize].exit_gen.fetch_add(1, Ordering::Relaxed);
+                    if sh.frames.iter().any(|f| f.func == fi) {
+                        epoch += 1;
+                    }
+                }
+                14 => {
+                    let f = &funcs[rng.below(8) as usize];
+                    if f.end.load(Ordering::Relaxed) == 0 {
+                        f.end.store(f.addr + 0x100, Ordering::Relaxed);
+                        epoch += 1;
+                    }
+                }
+                _ => {
+                    sh.frames.pop();
+                }
+            }
+        }
+        assert!(checked > 50_000, "{checked} paths checked");
     }
 }
