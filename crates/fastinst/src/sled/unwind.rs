@@ -67,68 +67,110 @@ pub(crate) fn init() {
     }
 }
 
-/// Interposes the unwinder's `_Unwind_RaiseException` (C++ `throw`).
-///
-/// # Safety
-/// As the unwinder's.
-#[no_mangle]
-pub unsafe extern "C" fn _Unwind_RaiseException(exc: *mut c_void) -> c_int {
-    shadow::restore_all();
-    // SAFETY: the real function has this signature.
-    let f: unsafe extern "C" fn(*mut c_void) -> c_int = unsafe { std::mem::transmute(RAISE.need()) };
-    // SAFETY: forwarded.
-    unsafe { f(exc) }
+// The entry points are naked stubs that put the return addresses back,
+// then *jump* to the real function: the unwinder starts from its caller's
+// frame (`_Unwind_Resume` continues the unwinding of the function that
+// called it), so no frame of ours may stand between them. When these
+// were Rust functions that called the real one, `_Unwind_Resume` sat
+// between a landing pad and the unwinder: the C++ tests passed, but a Rust
+// panic unwinding through a `Drop` in a process with this library aborted
+// in libgcc instead of reaching its `catch_unwind` (the test below). Each
+// stub keeps the six integer argument registers across its Rust helper
+// (the vector ones carry no argument of these functions), with the stack
+// 16-byte aligned at the call.
+macro_rules! forward {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $prepare:ident, $real:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the function it forwards to.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            core::arch::naked_asm!(
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                "push rcx",
+                "push r8",
+                "push r9",
+                "sub rsp, 8",
+                "call {prepare}",
+                "add rsp, 8",
+                "pop r9",
+                "pop r8",
+                "pop rcx",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "jmp rax",
+                prepare = sym $prepare,
+            )
+        }
+
+        /// Puts the thread's return addresses back and returns where the
+        /// real function is.
+        extern "C" fn $prepare() -> usize {
+            shadow::restore_all();
+            $real.need()
+        }
+    };
 }
 
-/// Interposes `_Unwind_Resume_or_Rethrow` (C++ `throw;`).
-///
-/// # Safety
-/// As the unwinder's.
-#[no_mangle]
-pub unsafe extern "C" fn _Unwind_Resume_or_Rethrow(exc: *mut c_void) -> c_int {
-    shadow::restore_all();
-    // SAFETY: the real function has this signature.
-    let f: unsafe extern "C" fn(*mut c_void) -> c_int = unsafe { std::mem::transmute(RETHROW.need()) };
-    // SAFETY: forwarded.
-    unsafe { f(exc) }
-}
+forward!(
+    /// Interposes the unwinder's `_Unwind_RaiseException` (C++ `throw`).
+    _Unwind_RaiseException(exc: *mut c_void) -> c_int,
+    prepare_raise,
+    RAISE
+);
+forward!(
+    /// Interposes `_Unwind_Resume_or_Rethrow` (C++ `throw;`).
+    _Unwind_Resume_or_Rethrow(exc: *mut c_void) -> c_int,
+    prepare_rethrow,
+    RETHROW
+);
+forward!(
+    /// Interposes `_Unwind_Resume` (the end of a cleanup landing pad).
+    _Unwind_Resume(exc: *mut c_void) -> !,
+    prepare_resume,
+    RESUME
+);
+forward!(
+    /// Interposes `_Unwind_ForcedUnwind` (thread cancellation).
+    _Unwind_ForcedUnwind(exc: *mut c_void, stop: *mut c_void, arg: *mut c_void) -> c_int,
+    prepare_forced,
+    FORCED
+);
+forward!(
+    /// Interposes `pthread_exit`, which unwinds the thread's stack.
+    pthread_exit(ret: *mut c_void) -> !,
+    prepare_pthread_exit,
+    PTHREAD_EXIT
+);
 
-/// Interposes `_Unwind_Resume` (the end of a cleanup landing pad).
-///
-/// # Safety
-/// As the unwinder's.
-#[no_mangle]
-pub unsafe extern "C" fn _Unwind_Resume(exc: *mut c_void) -> ! {
-    shadow::restore_all();
-    // SAFETY: the real function has this signature.
-    let f: unsafe extern "C" fn(*mut c_void) -> ! = unsafe { std::mem::transmute(RESUME.need()) };
-    // SAFETY: forwarded.
-    unsafe { f(exc) }
-}
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
 
-/// Interposes `_Unwind_ForcedUnwind` (thread cancellation).
-///
-/// # Safety
-/// As the unwinder's.
-#[no_mangle]
-pub unsafe extern "C" fn _Unwind_ForcedUnwind(exc: *mut c_void, stop: *mut c_void, arg: *mut c_void) -> c_int {
-    shadow::restore_all();
-    // SAFETY: the real function has this signature.
-    let f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void) -> c_int =
-        unsafe { std::mem::transmute(FORCED.need()) };
-    // SAFETY: forwarded.
-    unsafe { f(exc, stop, arg) }
-}
+    #[inline(never)]
+    fn fails_holding_things(n: u64) {
+        let mut owned: Vec<String> = Vec::new();
+        let mut by_key: HashMap<u64, Vec<u64>> = HashMap::new();
+        for i in 0..n {
+            owned.push(format!("{i}"));
+            by_key.entry(i % 7).or_default().push(i);
+        }
+        assert!(owned.len() as u64 > n, "expected by the test: {} items", owned.len());
+    }
 
-/// Interposes `pthread_exit`, which unwinds the thread's stack.
-///
-/// # Safety
-/// As `pthread_exit(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_exit(ret: *mut c_void) -> ! {
-    shadow::restore_all();
-    // SAFETY: the real function has this signature.
-    let f: unsafe extern "C" fn(*mut c_void) -> ! = unsafe { std::mem::transmute(PTHREAD_EXIT.need()) };
-    // SAFETY: forwarded.
-    unsafe { f(ret) }
+    #[test]
+    fn a_panic_unwinds_through_drops_to_its_catch_unwind() {
+        // The panic's cleanups end in the interposed `_Unwind_Resume`; as a
+        // Rust function standing between a landing pad and the unwinder it
+        // made this abort the process (SIGABRT in libgcc) instead.
+        let r = std::thread::spawn(|| fails_holding_things(100)).join();
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(|| fails_holding_things(10));
+        assert!(r.is_err());
+    }
 }
