@@ -34,6 +34,7 @@ pub mod error;
 pub mod hooks;
 pub mod log;
 pub mod modules;
+mod prefetch;
 mod preload;
 pub mod probe;
 pub mod profile;

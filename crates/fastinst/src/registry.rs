@@ -88,6 +88,12 @@ pub fn get(id: ProbeId) -> Option<&'static Probe> {
     PROBES.get(id)
 }
 
+/// Starts loading probe `id`'s lines for a toggle (see
+/// [`crate::prefetch`]).
+pub(crate) fn prefetch_for_toggle(id: ProbeId) {
+    PROBES.prefetch_for_write(id);
+}
+
 /// Number of probes published so far (ids `0..count()`).
 pub fn count() -> u32 {
     PROBES.len()

@@ -42,6 +42,21 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
         unsafe { &*seg.add(i as usize & (SEG - 1)) }.get()
     }
 
+    /// Starts loading entry `i`'s lines for writing, without waiting for
+    /// any of them (reading the entry would wait for the line of its
+    /// published flag first).
+    #[inline(always)]
+    pub(crate) fn prefetch_for_write(&self, i: u32) {
+        let Some(seg) = self.segs.get((i >> SEG_BITS) as usize) else {
+            return;
+        };
+        let seg = seg.load(Ordering::Acquire);
+        if !seg.is_null() {
+            // `wrapping_add`: the address is only hinted, never read here.
+            crate::prefetch::range_for_write(seg.wrapping_add(i as usize & (SEG - 1)));
+        }
+    }
+
     /// Appends `v`; callers serialise pushes. `None` when full.
     pub(crate) fn push(&self, v: T) -> Option<u32> {
         self.push_with(|_| v).map(|(i, _)| i)

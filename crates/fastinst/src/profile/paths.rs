@@ -34,6 +34,11 @@ struct Node {
 pub(crate) struct Paths {
     nodes: Vec<Node>,
     children: FxMap<(u32, u64), u32>,
+    /// By function: the node of `[...];function`, or [`ROOT`] for none
+    /// yet. Once the table is full most samples land here (SQLite fills
+    /// it early in its run), and two lookups in `children` were two cache
+    /// misses per sample.
+    merged: Vec<u32>,
 }
 
 impl Default for Paths {
@@ -46,6 +51,7 @@ impl Default for Paths {
                 self_ticks: 0,
             }],
             children: FxMap::default(),
+            merged: Vec::new(),
         }
     }
 }
@@ -81,14 +87,23 @@ impl Paths {
     /// The node of `[...];function`, made even past the bound: there is
     /// one per function at most.
     pub(crate) fn merged(&mut self, func: u32) -> u32 {
+        let i = func as usize;
+        if let Some(&n) = self.merged.get(i).filter(|&&n| n != ROOT) {
+            return n;
+        }
         let gap = match self.children.get(&(ROOT, GAP)) {
             Some(&n) => n,
             None => self.insert(ROOT, GAP),
         };
-        match self.children.get(&(gap, u64::from(func))) {
+        let n = match self.children.get(&(gap, u64::from(func))) {
             Some(&n) => n,
             None => self.insert(gap, u64::from(func)),
+        };
+        if i >= self.merged.len() {
+            self.merged.resize((i + 64).next_multiple_of(64), ROOT);
         }
+        self.merged[i] = n;
+        n
     }
 
     /// Counts a sample whose path ends at `node`.

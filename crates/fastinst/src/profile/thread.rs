@@ -18,6 +18,7 @@
 use super::functions::Func;
 use super::hist::Hist;
 use super::paths::{Paths, ROOT};
+use crate::prefetch::line as prefetch;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
@@ -63,6 +64,9 @@ pub(crate) struct Frame {
 
 /// [`Frame::node`] not yet worked out.
 pub(crate) const NO_NODE: u32 = u32::MAX;
+/// [`Frame::node`] when the path table was full: no path through this
+/// frame has a node either (the table is prefix-closed and never shrinks).
+const FULL: u32 = u32::MAX - 1;
 
 impl Frame {
     /// Whether every exit of this call would have been seen so far.
@@ -277,14 +281,6 @@ impl Agg {
     }
 }
 
-/// Starts loading the cache line at `p`.
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    // SAFETY: a prefetch is a hint: it never faults and changes no state
-    // the program can see, whatever the address.
-    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>()) };
-}
-
 /// The shadow stack; only its thread touches it.
 pub(crate) struct Shadow {
     pub frames: Vec<Frame>,
@@ -356,13 +352,19 @@ impl Shadow {
             Some(i) => (frames[i].node, frames[i].open.then_some(i)),
             None => (ROOT, None),
         };
+        if node == FULL {
+            return None;
+        }
         for k in first..frames.len() {
             let (items, n, on) = segment(prev.map(|i| &frames[i]), &frames[k], &func);
-            node = items[..n].iter().try_fold(node, |at, &item| paths.child(at, item))?;
+            let next = items[..n].iter().try_fold(node, |at, &item| paths.child(at, item));
             let fr = &mut frames[k];
-            fr.node = node;
+            // Kept even when the table is full, so that the samples above
+            // this frame give up at once instead of walking to here again.
+            fr.node = next.unwrap_or(FULL);
             fr.node_epoch = epoch;
             fr.open = on;
+            node = next?;
             prev = on.then_some(k);
         }
         let (items, n, _) = segment(prev.map(|i| &frames[i]), done, &func);
@@ -428,7 +430,7 @@ mod tests {
         let mut sh = Shadow::new();
         let mut paths = Paths::default();
         let mut epoch = 0u32;
-        let mut checked = 0;
+        let (mut checked, mut refused) = (0, 0);
         for _ in 0..200_000 {
             match rng.below(16) {
                 0..=6 if sh.frames.len() < 60 => {
@@ -458,18 +460,23 @@ mod tests {
                     let Some(done) = sh.frames.pop() else { continue };
                     sh.build_path(&done, func);
                     let want = sh.path.clone();
-                    let node = match sh.path_node(&done, &mut paths, epoch, func) {
-                        Some(node) => node,
-                        None => {
-                            // Full: start a new table, as a forked child
-                            // does; the epoch retires the kept nodes.
-                            paths = Paths::default();
-                            epoch += 1;
-                            sh.path_node(&done, &mut paths, epoch, func).expect("room")
+                    match sh.path_node(&done, &mut paths, epoch, func) {
+                        Some(node) => {
+                            assert_eq!(paths.path_of(node), want);
+                            checked += 1;
                         }
-                    };
-                    assert_eq!(paths.path_of(node), want);
-                    checked += 1;
+                        None => {
+                            assert!(paths.intern(&want).is_none(), "refused a path the table holds");
+                            refused += 1;
+                            // Full for a while, then a new table, as a
+                            // forked child starts; the epoch retires the
+                            // kept nodes.
+                            if refused % 64 == 0 {
+                                paths = Paths::default();
+                                epoch += 1;
+                            }
+                        }
+                    }
                 }
                 12 | 13 => {
                     // An exit probe switched: the epoch moves only if a
@@ -492,6 +499,9 @@ mod tests {
                 }
             }
         }
-        assert!(checked > 50_000, "{checked} paths checked");
+        assert!(
+            checked > 50_000 && refused > 500,
+            "{checked} paths checked, {refused} refused"
+        );
     }
 }
