@@ -327,9 +327,18 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
-    // By names, frame by frame: the flame graph's order, so that it need
-    // not sort its lines again (see `svg_of_folded`).
+    // In the flame graph's order (see `svg_of_folded`); paths that differ
+    // only by return addresses in the same caller print alike and are one
+    // row.
     stack_rows.sort_unstable_by(|a, b| by_frames(&a.frames, &b.frames));
+    stack_rows.dedup_by(|later, kept| {
+        let same = by_frames(&later.frames, &kept.frames).is_eq();
+        if same {
+            kept.samples += later.samples;
+            kept.self_ms += later.self_ms;
+        }
+        same
+    });
 
     let c = &p.counters;
     let wall_s = wall_ns / 1e9;
@@ -467,8 +476,8 @@ pub fn render_folded(r: &Report) -> String {
             if i > 0 {
                 s.push(';');
             }
-            // `;` separates frames and ` ` the weight.
             if f.bytes().any(|b| b == b';' || b == b' ') {
+                // `folded_name`, as chars (both separators are ASCII).
                 s.extend(f.chars().map(|c| if c == ';' || c == ' ' { '_' } else { c }));
             } else {
                 s.push_str(f);
@@ -484,18 +493,31 @@ pub fn render_svg(r: &Report) -> Result<String, String> {
     svg_of_folded(r, &render_folded(r))
 }
 
-/// Orders call paths by their frames' names, outermost first. Paths share
-/// their names, so equal frames mostly compare by pointer.
+/// Orders call paths as their lines in the folded stacks sort as strings
+/// (frames joined by `;`, then a space and the weight; see
+/// [`render_folded`]), which is the order the flame graph needs. Paths
+/// share their names, so equal frames mostly compare by pointer.
 fn by_frames(a: &[Arc<str>], b: &[Arc<str>]) -> std::cmp::Ordering {
-    for (x, y) in a.iter().zip(b) {
-        if !Arc::ptr_eq(x, y) {
-            match x.cmp(y) {
-                std::cmp::Ordering::Equal => {}
-                o => return o,
-            }
+    // A frame's bytes in its line, with the separator that follows it.
+    fn line_bytes(name: &str, last: bool) -> impl Iterator<Item = u8> + '_ {
+        folded_name(name).chain(std::iter::once(if last { b' ' } else { b';' }))
+    }
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if Arc::ptr_eq(x, y) && (i + 1 < a.len()) == (i + 1 < b.len()) {
+            continue;
+        }
+        match line_bytes(x, i + 1 == a.len()).cmp(line_bytes(y, i + 1 == b.len())) {
+            std::cmp::Ordering::Equal => {}
+            o => return o,
         }
     }
     a.len().cmp(&b.len())
+}
+
+/// A frame's name as the folded stacks write it: `;` separates frames and
+/// ` ` the weight.
+fn folded_name(name: &str) -> impl Iterator<Item = u8> + '_ {
+    name.bytes().map(|c| if c == b';' || c == b' ' { b'_' } else { c })
 }
 
 /// The flame graph of `folded`, [`render_folded`]'s output for `r`.
@@ -504,13 +526,11 @@ fn svg_of_folded(r: &Report, folded: &str) -> Result<String, String> {
         return Ok(String::new());
     }
     let mut opt = inferno::flamegraph::Options::default();
-    // Reports list their paths in order (older ones may not): the flame
-    // graph's own sort compared every line as a string, a third of its time
-    // on SQLite.
-    opt.no_sort = r
-        .stacks
-        .windows(2)
-        .all(|w| by_frames(&w[0].frames, &w[1].frames).is_le());
+    // Reports list their paths in the flame graph's order (`by_frames`), so
+    // its own sort, which compared every line as a string again, is needed
+    // only when two paths print alike (and for older reports).
+    let mut prev = "";
+    opt.no_sort = folded.lines().all(|line| std::mem::replace(&mut prev, line) <= line);
     opt.title = format!("fastinst profile: {} (pid {})", r.program, r.pid);
     opt.count_name = "ns".into();
     let mut out = Vec::new();
@@ -529,7 +549,12 @@ fn svg_of_folded(r: &Report, folded: &str) -> Result<String, String> {
 pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let path = |ext: &str| dir.join(format!("fastinst-profile.{}.{ext}", r.pid));
     let folded = render_folded(r);
-    let svg = svg_of_folded(r, &folded).map_err(std::io::Error::other)?;
+    // A flame graph that cannot be drawn is reported, and the other files
+    // are written all the same.
+    let svg = svg_of_folded(r, &folded).unwrap_or_else(|e| {
+        crate::log::error(format_args!("profile: no flame graph: {e}"));
+        String::new()
+    });
     let mut out = Vec::new();
     let mut put = |p: PathBuf, write: &mut dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()>| {
         let tmp = p.with_extension("tmp");
@@ -559,25 +584,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_order_by_names_frame_by_frame_with_prefixes_first() {
-        let n = |s: &str| -> Arc<str> { s.into() };
-        let (a, b, c) = (n("main"), n("parse"), n("parse_expr"));
-        let mut paths = [
-            vec![a.clone(), c.clone()],
-            vec![a.clone(), b.clone(), c.clone()],
-            vec![n("main"), n("parse")],
-            vec![a.clone()],
-        ];
+    fn paths_order_as_their_folded_lines_sort() {
+        let names: Vec<Arc<str>> = ["main", "f", "f.cold", "f2", "g h", "g;h", "g_h", "a:b", "a", "ab", "a0"]
+            .into_iter()
+            .map(Arc::from)
+            .collect();
+        // Every path of up to three frames over these names, some sharing
+        // their name objects and some not.
+        let mut paths: Vec<Vec<Arc<str>>> = Vec::new();
+        for x in &names {
+            paths.push(vec![x.clone()]);
+            for y in &names {
+                paths.push(vec![x.clone(), y.clone()]);
+                for z in names.iter().step_by(3) {
+                    paths.push(vec![Arc::from(&**x), y.clone(), z.clone()]);
+                }
+            }
+        }
         paths.sort_by(|x, y| by_frames(x, y));
-        let names: Vec<Vec<&str>> = paths.iter().map(|p| p.iter().map(|s| &**s).collect()).collect();
-        assert_eq!(
-            names,
-            [
-                vec!["main"],
-                vec!["main", "parse"],
-                vec!["main", "parse", "parse_expr"],
-                vec!["main", "parse_expr"]
-            ]
-        );
+        let lines: Vec<String> = paths
+            .iter()
+            .map(|p| {
+                let frames: Vec<String> = p
+                    .iter()
+                    .map(|f| String::from_utf8(folded_name(f).collect()).unwrap())
+                    .collect();
+                format!("{} 7", frames.join(";"))
+            })
+            .collect();
+        for w in lines.windows(2) {
+            assert!(w[0] <= w[1], "{:?} before {:?}", w[0], w[1]);
+        }
     }
 }
