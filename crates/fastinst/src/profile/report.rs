@@ -340,10 +340,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         same
     });
 
-    let c = &p.counters;
+    let c = |field: fn(&super::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
     let wall_s = wall_ns / 1e9;
-    let samples = c.samples.load(Ordering::Relaxed);
-    let toggles = c.toggles.load(Ordering::Relaxed);
+    let samples = c(|c| &c.samples);
+    let toggles = c(|c| &c.toggles);
     Report {
         schema: SCHEMA.into(),
         program: p.program.clone(),
@@ -361,13 +361,13 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             samples_per_s: samples as f64 / wall_s,
             toggles,
             toggles_per_s: toggles as f64 / wall_s,
-            handler_ms: ms(c.handler_ticks.load(Ordering::Relaxed) as f64),
-            unmatched_exits: c.unmatched_exits.load(Ordering::Relaxed),
-            abandoned_frames: c.abandoned.load(Ordering::Relaxed),
-            too_deep: c.too_deep.load(Ordering::Relaxed),
-            no_cfa: c.no_cfa.load(Ordering::Relaxed),
-            no_thread: c.no_thread.load(Ordering::Relaxed),
-            stacks_merged: c.stacks_merged.load(Ordering::Relaxed),
+            handler_ms: ms(c(|c| &c.handler_ticks) as f64),
+            unmatched_exits: c(|c| &c.unmatched_exits),
+            abandoned_frames: c(|c| &c.abandoned),
+            too_deep: c(|c| &c.too_deep),
+            no_cfa: c(|c| &c.no_cfa),
+            no_thread: c(|c| &c.no_thread),
+            stacks_merged: c(|c| &c.stacks_merged),
         },
         functions,
         edges: edges_out,
