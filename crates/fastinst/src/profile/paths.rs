@@ -5,10 +5,12 @@
 //! were hashed and compared against a table of paths: on QuickJS, whose
 //! paths run 20-40 items deep, that was the largest part of a sample's
 //! cost. With the trie, a shadow-stack frame remembers the node of the path
-//! that ends at it, and a sample extends its parent's node by one frame:
-//! one lookup of a two-word key ([`super::thread::Shadow::path_node`]).
+//! that ends at it, and a sample extends its parent's node by one frame.
+//! A frame adds up to three items (a gap, its caller, itself), packed into
+//! one [`Segment`] key: one lookup per frame
+//! ([`super::thread::Shadow::path_node`]).
 
-use super::thread::{FxMap, GAP};
+use super::thread::{FxMap, CALLER_TAG, GAP};
 
 /// Node id of the empty path.
 pub(crate) const ROOT: u32 = 0;
@@ -18,22 +20,52 @@ pub(crate) const ROOT: u32 = 0;
 /// and counted in the report's `stacks_merged`; an interpreter's recursion
 /// makes hundreds of thousands of paths, and unbounded, the reports grew
 /// to 90 MB.
-pub const MAX_PATH_NODES: usize = 8192;
+pub const MAX_PATH_NODES: usize = 6144;
+
+/// What one frame adds to a path, in order: a [`GAP`] (`gap`), its caller
+/// named by return address (`caller`, 0: none), and its function (`func`,
+/// [`Segment::NO_FUNC`]: none, for a frame left off the path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Segment {
+    pub caller: u64,
+    pub func: u32,
+    pub gap: bool,
+}
+
+impl Segment {
+    /// `func` of a segment that is only a gap.
+    pub(crate) const NO_FUNC: u32 = u32::MAX;
+    /// A lone [`GAP`].
+    pub(crate) const GAP: Segment = Segment {
+        caller: 0,
+        func: Segment::NO_FUNC,
+        gap: true,
+    };
+
+    /// Its path items, in order.
+    pub(crate) fn items(self) -> impl Iterator<Item = u64> {
+        let gap = self.gap.then_some(GAP);
+        let caller = (self.caller != 0).then_some(CALLER_TAG | self.caller);
+        let func = (self.func != Segment::NO_FUNC).then_some(u64::from(self.func));
+        gap.into_iter().chain(caller).chain(func)
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
     parent: u32,
-    item: u64,
+    seg: Segment,
     /// Samples whose path ends here, and their self ticks.
     samples: u64,
     self_ticks: u64,
 }
 
-/// The trie. Items are those of a path ([`super::thread`]): a function
-/// index, [`GAP`], or a caller named by return address.
+/// The trie of [`Segment`]s. Its paths' items are those of
+/// [`super::thread`]: a function index, [`GAP`], or a caller named by
+/// return address.
 pub(crate) struct Paths {
     nodes: Vec<Node>,
-    children: FxMap<(u32, u64), u32>,
+    children: FxMap<(u32, Segment), u32>,
     /// By function: the node of `[...];function`, or [`ROOT`] for none
     /// yet. Once the table is full most samples land here (SQLite fills
     /// it early in its run), and two lookups in `children` were two cache
@@ -46,7 +78,7 @@ impl Default for Paths {
         Paths {
             nodes: vec![Node {
                 parent: ROOT,
-                item: GAP,
+                seg: Segment::GAP,
                 samples: 0,
                 self_ticks: 0,
             }],
@@ -57,31 +89,38 @@ impl Default for Paths {
 }
 
 impl Paths {
-    /// The node of path `parent` followed by `item`; `None` when that is a
+    /// The node of path `parent` followed by `seg`; `None` when that is a
     /// new node and the table is full.
     #[inline]
-    pub(crate) fn child(&mut self, parent: u32, item: u64) -> Option<u32> {
-        if let Some(&n) = self.children.get(&(parent, item)) {
+    pub(crate) fn child(&mut self, parent: u32, seg: Segment) -> Option<u32> {
+        if let Some(&n) = self.children.get(&(parent, seg)) {
             return Some(n);
         }
-        (self.nodes.len() < MAX_PATH_NODES).then(|| self.insert(parent, item))
+        (self.nodes.len() < MAX_PATH_NODES).then(|| self.insert(parent, seg))
     }
 
-    fn insert(&mut self, parent: u32, item: u64) -> u32 {
+    fn insert(&mut self, parent: u32, seg: Segment) -> u32 {
         let n = self.nodes.len() as u32;
         self.nodes.push(Node {
             parent,
-            item,
+            seg,
             samples: 0,
             self_ticks: 0,
         });
-        self.children.insert((parent, item), n);
+        self.children.insert((parent, seg), n);
         n
     }
 
-    /// The node of `path`, from the root; `None` when the table is full.
-    pub(crate) fn intern(&mut self, path: &[u64]) -> Option<u32> {
-        path.iter().try_fold(ROOT, |n, &item| self.child(n, item))
+    /// The node of the path made of `segs`, from the root; `None` when the
+    /// table is full.
+    pub(crate) fn intern(&mut self, segs: &[Segment]) -> Option<u32> {
+        segs.iter().try_fold(ROOT, |n, &seg| self.child(n, seg))
+    }
+
+    /// Whether no new node fits.
+    #[cfg(test)]
+    pub(crate) fn is_full(&self) -> bool {
+        self.nodes.len() >= MAX_PATH_NODES
     }
 
     /// The node of `[...];function`, made even past the bound: there is
@@ -91,13 +130,15 @@ impl Paths {
         if let Some(&n) = self.merged.get(i).filter(|&&n| n != ROOT) {
             return n;
         }
-        let gap = match self.children.get(&(ROOT, GAP)) {
-            Some(&n) => n,
-            None => self.insert(ROOT, GAP),
+        // The segment a frame with no known caller makes.
+        let seg = Segment {
+            caller: 0,
+            func,
+            gap: true,
         };
-        let n = match self.children.get(&(gap, u64::from(func))) {
+        let n = match self.children.get(&(ROOT, seg)) {
             Some(&n) => n,
-            None => self.insert(gap, u64::from(func)),
+            None => self.insert(ROOT, seg),
         };
         if i >= self.merged.len() {
             self.merged.resize((i + 64).next_multiple_of(64), ROOT);
@@ -132,14 +173,13 @@ impl Paths {
 
     /// The items of `node`'s path, outermost first.
     pub(crate) fn path_of(&self, mut node: u32) -> Vec<u64> {
-        let mut path = Vec::new();
+        let mut segs = Vec::new();
         while node != ROOT {
             let n = &self.nodes[node as usize];
-            path.push(n.item);
+            segs.push(n.seg);
             node = n.parent;
         }
-        path.reverse();
-        path
+        segs.iter().rev().flat_map(|s| s.items()).collect()
     }
 
     /// Nodes in use (the root included).
@@ -152,36 +192,48 @@ impl Paths {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::thread::CALLER_TAG;
+
+    fn seg(gap: bool, caller: u64, func: u32) -> Segment {
+        Segment { caller, func, gap }
+    }
 
     #[test]
     fn a_path_interned_reads_back_and_shares_its_prefixes() {
         let mut t = Paths::default();
-        let a = [CALLER_TAG | 0x401000, 3, 7];
-        let b = [CALLER_TAG | 0x401000, 3, GAP, 9];
+        let a = [seg(false, 0x401000, 3), seg(false, 0, 7)];
+        let b = [seg(false, 0x401000, 3), seg(true, 0, 9)];
         let na = t.intern(&a).unwrap();
         let nb = t.intern(&b).unwrap();
-        assert_eq!(t.path_of(na), a);
-        assert_eq!(t.path_of(nb), b);
+        assert_eq!(t.path_of(na), [CALLER_TAG | 0x401000, 3, 7]);
+        assert_eq!(t.path_of(nb), [CALLER_TAG | 0x401000, 3, GAP, 9]);
         assert_eq!(t.intern(&a), Some(na));
-        // root, the caller, 3, then 7; GAP and 9.
-        assert_eq!(t.len(), 6);
+        // root, the first frame, then one node each.
+        assert_eq!(t.len(), 4);
         t.add(na, 5);
         t.add(na, 6);
         t.add(nb, 1);
         let mut got: Vec<_> = t.sampled().collect();
         got.sort();
-        assert_eq!(got, vec![(a.to_vec(), 2, 11), (b.to_vec(), 1, 1)]);
+        assert_eq!(
+            got,
+            vec![
+                (vec![CALLER_TAG | 0x401000, 3, 7], 2, 11),
+                (vec![CALLER_TAG | 0x401000, 3, GAP, 9], 1, 1)
+            ]
+        );
+        let cut = t.intern(&[Segment::GAP, seg(false, 0x2000, 4)]).unwrap();
+        assert_eq!(t.path_of(cut), [GAP, CALLER_TAG | 0x2000, 4]);
     }
 
     #[test]
     fn a_full_table_refuses_new_paths_but_keeps_merged_ones() {
         let mut t = Paths::default();
-        for i in 1..MAX_PATH_NODES as u64 {
-            assert!(t.child(ROOT, i).is_some());
+        for i in 1..MAX_PATH_NODES as u32 {
+            assert!(t.child(ROOT, seg(false, 0, i)).is_some());
         }
-        assert_eq!(t.child(ROOT, 5), Some(5), "known nodes are still found");
-        assert_eq!(t.child(ROOT, u64::MAX - 1), None);
+        assert!(t.is_full());
+        assert_eq!(t.child(ROOT, seg(false, 0, 5)), Some(5), "known nodes are still found");
+        assert_eq!(t.child(ROOT, seg(false, 0, u32::MAX - 1)), None);
         let m = t.merged(42);
         assert_eq!(t.path_of(m), vec![GAP, 42]);
         assert_eq!(t.merged(42), m);

@@ -27,10 +27,10 @@
 //! milliseconds (`_ms`) or microseconds (`_us`), all estimated except the
 //! sampled durations' order statistics.
 
-use super::thread::{FnAgg, CALLER_TAG, GAP};
+use super::thread::{FnAgg, FxMap, CALLER_TAG, GAP};
 use super::Profiler;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -175,8 +175,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let k = p.settings.samples;
 
     let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
-    let mut edges: HashMap<(u64, u32), (u64, u64)> = HashMap::new();
-    let mut stacks: HashMap<Box<[u64]>, (u64, u64)> = HashMap::new();
+    let mut edges: FxMap<(u64, u32), (u64, u64)> = FxMap::default();
+    let mut stacks: FxMap<Box<[u64]>, (u64, u64)> = FxMap::default();
     for t in p.threads.lock().iter() {
         let mut a = t.agg.lock();
         a.fold();
@@ -212,8 +212,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     };
     // Each name is made once and shared by every path it appears on: a
     // string per frame per path was a third of the time spent here.
-    let mut fn_names: HashMap<u32, Arc<str>> = HashMap::new();
-    let mut symbol_cache: HashMap<u64, Arc<str>> = HashMap::new();
+    let mut fn_names: FxMap<u32, Arc<str>> = FxMap::default();
+    let mut symbol_cache: FxMap<u64, Arc<str>> = FxMap::default();
     let gap: Arc<str> = "[...]".into();
     // A path item's name: a function, or a caller by return address.
     let mut name_of = |item: u64| -> Arc<str> {
@@ -244,8 +244,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             .clone()
     };
 
-    let mut est: HashMap<u32, f64> = HashMap::new();
-    let mut mean: HashMap<u32, f64> = HashMap::new();
+    let mut est: FxMap<u32, f64> = FxMap::default();
+    let mut mean: FxMap<u32, f64> = FxMap::default();
     for (fi, (a, _)) in &fns {
         let f = p.funcs.get(*fi).expect("sampled function exists");
         est.insert(*fi, f.estimated_calls(k, t1).max(a.n as f64));
@@ -255,8 +255,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
 
     // Edges, merged by caller function.
     // (caller name, callee) -> (sampled calls, ticks, caller function).
-    type EdgeRows = HashMap<(Arc<str>, u32), (u64, u64, Option<u32>)>;
-    let mut edge_rows = EdgeRows::new();
+    type EdgeRows = FxMap<(Arc<str>, u32), (u64, u64, Option<u32>)>;
+    let mut edge_rows = EdgeRows::default();
     for ((site, callee), (n, ticks)) in &edges {
         let cf = caller_fn(*site);
         let name = name_of(CALLER_TAG | *site);
@@ -264,7 +264,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         e.0 += n;
         e.1 += ticks;
     }
-    let mut child_time: HashMap<u32, f64> = HashMap::new();
+    let mut child_time: FxMap<u32, f64> = FxMap::default();
     let mut edges_out = Vec::new();
     for ((caller, callee), (n, ticks, cf)) in edge_rows {
         let sampled = fns.get(&callee).map(|x| x.0.n).unwrap_or(0).max(1);

@@ -17,7 +17,7 @@
 
 use super::functions::Func;
 use super::hist::Hist;
-use super::paths::{Paths, ROOT};
+use super::paths::{Paths, Segment, ROOT};
 use crate::prefetch::line as prefetch;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -284,8 +284,8 @@ impl Agg {
 /// The shadow stack; only its thread touches it.
 pub(crate) struct Shadow {
     pub frames: Vec<Frame>,
-    /// Scratch for building a path without allocating.
-    pub path: Vec<u64>,
+    /// Scratch for a path's segments.
+    segs: Vec<Segment>,
 }
 
 /// Sampled frames a path shows before it is cut to its innermost ones
@@ -296,32 +296,40 @@ impl Shadow {
     pub(crate) fn new() -> Shadow {
         Shadow {
             frames: Vec::with_capacity(MAX_DEPTH),
-            path: Vec::with_capacity(64),
+            segs: Vec::with_capacity(MAX_PATH + 2),
         }
     }
 
-    /// Builds the call path ending at `done` (just popped) into `self.path`:
-    /// the sampled frames below it, outermost first, with a direct caller
-    /// named by return address and a [`GAP`] wherever frames in between were
-    /// not sampled. Never joins two frames that were not caller and callee.
-    pub(crate) fn build_path(&mut self, done: &Frame, func: impl Fn(u32) -> Option<&'static Func>) {
-        self.path.clear();
+    /// The call path ending at `done` (just popped), worked out from the
+    /// whole stack into `self.segs`: the sampled frames below it, outermost
+    /// first, with a direct caller named by return address and a [`GAP`]
+    /// wherever frames in between were not sampled. Never joins two frames
+    /// that were not caller and callee.
+    fn full_path(&mut self, done: &Frame, func: impl Fn(u32) -> Option<&'static Func>) {
+        self.segs.clear();
         let frames = &self.frames;
         let start = frames.len().saturating_sub(MAX_PATH);
         if start > 0 {
-            self.path.push(GAP);
+            self.segs.push(Segment::GAP);
         }
         let mut prev: Option<&Frame> = None;
         for fr in frames[start..].iter().chain(std::iter::once(done)) {
-            let (items, n, on) = segment(prev, fr, &func);
-            self.path.extend_from_slice(&items[..n]);
+            let (seg, on) = segment(prev, fr, &func);
+            self.segs.extend(seg);
             prev = on.then_some(fr);
         }
     }
 
-    /// The node in `paths` of the path [`build_path`](Self::build_path)
-    /// would build for `done`; `None` when it needs a new node and the
-    /// table is full.
+    /// [`full_path`](Self::full_path)'s items.
+    #[cfg(test)]
+    fn build_path(&mut self, done: &Frame, func: impl Fn(u32) -> Option<&'static Func>) -> Vec<u64> {
+        self.full_path(done, func);
+        self.segs.iter().flat_map(|s| s.items()).collect()
+    }
+
+    /// The node in `paths` of the path [`full_path`](Self::full_path)
+    /// works out for `done`; `None` when it needs a new node and the table
+    /// is full.
     ///
     /// A frame keeps the node of the path that ends at it, so a path is its
     /// parent's node extended by one frame's items: a lookup or two, not a
@@ -342,8 +350,8 @@ impl Shadow {
         if self.frames.len() > MAX_PATH {
             // Cut paths start at a different frame for each depth: no
             // parent node to extend.
-            self.build_path(done, func);
-            return paths.intern(&self.path);
+            self.full_path(done, func);
+            return paths.intern(&self.segs);
         }
         let frames = &mut self.frames;
         let valid = |f: &Frame| f.node != NO_NODE && f.node_epoch == epoch;
@@ -356,8 +364,8 @@ impl Shadow {
             return None;
         }
         for k in first..frames.len() {
-            let (items, n, on) = segment(prev.map(|i| &frames[i]), &frames[k], &func);
-            let next = items[..n].iter().try_fold(node, |at, &item| paths.child(at, item));
+            let (seg, on) = segment(prev.map(|i| &frames[i]), &frames[k], &func);
+            let next = seg.map_or(Some(node), |seg| paths.child(node, seg));
             let fr = &mut frames[k];
             // Kept even when the table is full, so that the samples above
             // this frame give up at once instead of walking to here again.
@@ -367,39 +375,34 @@ impl Shadow {
             node = next?;
             prev = on.then_some(k);
         }
-        let (items, n, _) = segment(prev.map(|i| &frames[i]), done, &func);
-        items[..n].iter().try_fold(node, |at, &item| paths.child(at, item))
+        let (seg, _) = segment(prev.map(|i| &frames[i]), done, &func);
+        seg.map_or(Some(node), |seg| paths.child(node, seg))
     }
 }
 
-/// The items frame `fr` adds to a path after `prev` (the frame below it,
-/// when that one is on the path), and whether `fr` is on the path itself.
+/// What frame `fr` adds to a path after `prev` (the frame below it, when
+/// that one is on the path), and whether `fr` is on the path itself.
 #[inline]
-fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'static Func>) -> ([u64; 3], usize, bool) {
-    let mut items = [0; 3];
-    let mut n = 0;
-    let mut push = |item| {
-        items[n] = item;
-        n += 1;
-    };
+fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'static Func>) -> (Option<Segment>, bool) {
     if !func(fr.func).is_some_and(|f| fr.watched(f)) {
         // A call that may have returned unseen is not on a path.
-        if prev.is_some() {
-            push(GAP);
-        }
-        return (items, n, false);
+        return (prev.is_some().then_some(Segment::GAP), false);
     }
     let direct = fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
-    if !direct {
-        if prev.is_some() || fr.from == 0 {
-            push(GAP);
+    let seg = if direct {
+        Segment {
+            caller: 0,
+            func: fr.func,
+            gap: false,
         }
-        if fr.from != 0 {
-            push(CALLER_TAG | fr.from);
+    } else {
+        Segment {
+            caller: fr.from,
+            func: fr.func,
+            gap: prev.is_some() || fr.from == 0,
         }
-    }
-    push(u64::from(fr.func));
-    (items, n, true)
+    };
+    (Some(seg), true)
 }
 
 #[cfg(test)]
@@ -415,6 +418,39 @@ mod tests {
             self.0 ^= self.0 << 17;
             self.0 % n
         }
+    }
+
+    /// The path of `done` on `frames` as the module doc defines it, item by
+    /// item, written independently of `segment`.
+    fn reference_path(frames: &[Frame], done: &Frame, func: impl Fn(u32) -> Option<&'static Func>) -> Vec<u64> {
+        let mut path = Vec::new();
+        let start = frames.len().saturating_sub(MAX_PATH);
+        if start > 0 {
+            path.push(GAP);
+        }
+        let mut prev: Option<&Frame> = None;
+        for fr in frames[start..].iter().chain(std::iter::once(done)) {
+            if !func(fr.func).is_some_and(|f| fr.watched(f)) {
+                if prev.is_some() {
+                    path.push(GAP);
+                }
+                prev = None;
+                continue;
+            }
+            let direct =
+                fr.from != 0 && prev.is_some_and(|p| func(p.func).is_some_and(|f| f.contains(fr.from as usize)));
+            if !direct {
+                if prev.is_some() || fr.from == 0 {
+                    path.push(GAP);
+                }
+                if fr.from != 0 {
+                    path.push(CALLER_TAG | fr.from);
+                }
+            }
+            path.push(u64::from(fr.func));
+            prev = Some(fr);
+        }
+        path
     }
 
     #[test]
@@ -458,15 +494,15 @@ mod tests {
                 }
                 7..=11 => {
                     let Some(done) = sh.frames.pop() else { continue };
-                    sh.build_path(&done, func);
-                    let want = sh.path.clone();
+                    let want = reference_path(&sh.frames, &done, func);
+                    assert_eq!(sh.build_path(&done, func), want);
                     match sh.path_node(&done, &mut paths, epoch, func) {
                         Some(node) => {
                             assert_eq!(paths.path_of(node), want);
                             checked += 1;
                         }
                         None => {
-                            assert!(paths.intern(&want).is_none(), "refused a path the table holds");
+                            assert!(paths.is_full(), "refused a path with room in the table");
                             refused += 1;
                             // Full for a while, then a new table, as a
                             // forked child starts; the epoch retires the
