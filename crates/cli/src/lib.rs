@@ -65,8 +65,19 @@ fn finish(r: Result<ExitCode>) -> ExitCode {
 }
 
 fn help(text: &str) -> Result<ExitCode> {
-    print!("{text}");
+    print_out(text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` to stdout. A reader that stops early (`| head`) is not
+/// an error (`print!` panicked on the broken pipe); any other failure is.
+pub(crate) fn print_out(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(CliError::io("<stdout>")(e)),
+        _ => Ok(()),
+    }
 }
 
 /// Runs `fastinst` with `args` (without the program name).

@@ -2,7 +2,7 @@
 
 use crate::args::{Args, Item};
 use crate::error::{CliError, Result};
-use fastinst::profile::report::{self, Report, SCHEMA};
+use fastinst::profile::report::{self, Report, SCHEMA, SCHEMAS_READ};
 use std::path::{Path, PathBuf};
 
 /// Usage text.
@@ -10,7 +10,7 @@ pub const USAGE: &str = "\
 usage: fastinst report [options] FILE.json
 
 Reads a profile saved by the profiler (fastinst-profile.<pid>.json, schema
-fastinst-profile/1) and renders it again: the text table (default), folded
+fastinst-profile/2, or /1 from older versions) and renders it again: the text table (default), folded
 stacks, the flame graph, or the JSON itself.
 
 options:
@@ -86,12 +86,17 @@ pub fn load(path: &Path) -> Result<Report> {
         problem,
     };
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    match value.get("schema").and_then(|s| s.as_str()) {
-        Some(SCHEMA) => {}
-        Some(other) => return Err(bad(format!("schema `{other}`; this fastinst reads `{SCHEMA}`"))),
+    let schema = match value.get("schema").and_then(|s| s.as_str()) {
+        Some(s) if SCHEMAS_READ.contains(&s) => s.to_string(),
+        Some(other) => {
+            return Err(bad(format!(
+                "schema `{other}`; this fastinst reads `{}`",
+                SCHEMAS_READ.join("` and `")
+            )))
+        }
         None => return Err(bad(format!("not a fastinst profile (no `schema`: `{SCHEMA}` field)"))),
-    }
-    serde_json::from_value(value).map_err(|e| bad(format!("a {SCHEMA} report with a bad field: {e}")))
+    };
+    serde_json::from_value(value).map_err(|e| bad(format!("a {schema} report with a bad field: {e}")))
 }
 
 /// Renders `r` as `format`.
@@ -122,10 +127,7 @@ pub fn run(a: &ReportArgs) -> Result<()> {
     let text = render(&r, a.format, &a.file)?;
     match &a.output {
         Some(p) => std::fs::write(p, text).map_err(CliError::io(p)),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
+        None => crate::print_out(&text),
     }
 }
 

@@ -264,8 +264,7 @@ pub fn render_json(a: &SitesArgs, s: &FileSites) -> String {
 /// Runs `fastinst sites`.
 pub fn run(a: &SitesArgs) -> Result<()> {
     let s = load(&a.file)?;
-    print!("{}", if a.json { render_json(a, &s) } else { render_text(a, &s) });
-    Ok(())
+    crate::print_out(&if a.json { render_json(a, &s) } else { render_text(a, &s) })
 }
 
 /// The forms a site listing can show (for documentation tests).

@@ -240,3 +240,22 @@ fn every_command_has_help() {
         assert!(text(&o.stdout).starts_with(&format!("usage: fastinst {cmd}")));
     }
 }
+
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    use std::os::fd::FromRawFd;
+    // `fastinst ... | head`: the reader is gone before anything is written.
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors it is given.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just opened and are owned here alone.
+    let (reader, writer) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .arg("help")
+        .stdout(writer)
+        .output()
+        .expect("fastinst runs");
+    assert!(o.status.success(), "{:?}: {}", o.status, text(&o.stderr));
+    assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+}
