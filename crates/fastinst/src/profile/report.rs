@@ -114,7 +114,9 @@ mod stacks_json {
     }
 
     pub fn serialize<S: Serializer>(rows: &[StackRow], s: S) -> Result<S::Ok, S::Error> {
-        let mut index: FxMap<&str, u32> = FxMap::default();
+        // By the name's address: a report's paths share their names (a
+        // report read back from a file does not, and lists repeats).
+        let mut index: FxMap<*const u8, u32> = FxMap::default();
         let mut names = Vec::new();
         let paths = rows
             .iter()
@@ -123,7 +125,7 @@ mod stacks_json {
                     .frames
                     .iter()
                     .map(|f| {
-                        *index.entry(&**f).or_insert_with(|| {
+                        *index.entry(Arc::as_ptr(f).cast::<u8>()).or_insert_with(|| {
                             names.push(&**f);
                             names.len() as u32 - 1
                         })
@@ -277,7 +279,9 @@ pub(crate) fn collect(p: &Profiler) -> Report {
 
     let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
     let mut edges: FxMap<(u64, u32), (u64, u64)> = FxMap::default();
-    let mut stacks: FxMap<Box<[u64]>, (u64, u64)> = FxMap::default();
+    // Paths with their samples and self ticks; equal ones (from several
+    // threads, or printing alike) are merged once they have names.
+    let mut stacks: Vec<(Vec<u64>, u64, u64)> = Vec::new();
     for t in p.threads.lock().iter() {
         let mut a = t.agg.lock();
         a.fold();
@@ -291,11 +295,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             e.0 += v.0;
             e.1 += v.1;
         }
-        for (path, n, self_ticks) in a.paths.sampled() {
-            let e = stacks.entry(path.into_boxed_slice()).or_default();
-            e.0 += n;
-            e.1 += self_ticks;
-        }
+        stacks.extend(a.paths.sampled());
     }
 
     // Function ranges, to name a return address by its instrumented caller.
@@ -313,36 +313,41 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     };
     // Each name is made once and shared by every path it appears on: a
     // string per frame per path was a third of the time spent here.
-    let mut fn_names: FxMap<u32, Arc<str>> = FxMap::default();
-    let mut symbol_cache: FxMap<u64, Arc<str>> = FxMap::default();
+    let mut fn_names: Vec<Option<Arc<str>>> = vec![None; p.funcs.len() as usize];
+    let mut function_name = |fi: u32| -> Arc<str> {
+        match fn_names.get_mut(fi as usize) {
+            Some(slot) => slot.get_or_insert_with(|| fn_name(p, fi).into()).clone(),
+            None => fn_name(p, fi).into(),
+        }
+    };
+    let mut callers: FxMap<u64, Arc<str>> = FxMap::default();
     let gap: Arc<str> = "[...]".into();
-    // A path item's name: a function, or a caller by return address.
+    // A path item's name: a function, or a caller by return address (the
+    // instrumented function holding it, else its symbol).
     let mut name_of = |item: u64| -> Arc<str> {
         if item == GAP {
             return gap.clone();
         }
-        let fi = if item & CALLER_TAG == 0 {
-            Some(item as u32)
-        } else {
-            caller_fn(item & !CALLER_TAG)
-        };
-        if let Some(fi) = fi {
-            return fn_names.entry(fi).or_insert_with(|| fn_name(p, fi).into()).clone();
+        if item & CALLER_TAG == 0 {
+            return function_name(item as u32);
         }
         let ret = item & !CALLER_TAG;
-        symbol_cache
-            .entry(ret)
-            .or_insert_with(|| {
-                crate::discovery::with_state(|st| {
-                    st.modules
-                        .find(ret)
-                        .and_then(|m| m.function(ret - 1))
-                        .map(|f| providers::elf::demangle(&f.name))
-                })
-                .unwrap_or_else(|| format!("[{ret:#x}]"))
-                .into()
+        if let Some(name) = callers.get(&ret) {
+            return name.clone();
+        }
+        let name = match caller_fn(ret) {
+            Some(fi) => function_name(fi),
+            None => crate::discovery::with_state(|st| {
+                st.modules
+                    .find(ret)
+                    .and_then(|m| m.function(ret - 1))
+                    .map(|f| providers::elf::demangle(&f.name))
             })
-            .clone()
+            .unwrap_or_else(|| format!("[{ret:#x}]"))
+            .into(),
+        };
+        callers.insert(ret, name.clone());
+        name
     };
 
     let mut est: FxMap<u32, f64> = FxMap::default();
@@ -416,7 +421,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
 
     let mut stack_rows: Vec<StackRow> = stacks
         .iter()
-        .map(|(path, (n, self_ticks))| {
+        .map(|(path, n, self_ticks)| {
             let last = *path.last().expect("a path ends at its function") as u32;
             let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
             let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
@@ -692,8 +697,11 @@ mod tests {
 
     #[test]
     fn stacks_are_written_with_a_names_table_and_read_in_both_forms() {
+        // Shared names, as a report's paths have them.
+        let pool: Vec<Arc<str>> = ["main", "[...]", "f", "g"].into_iter().map(Arc::from).collect();
+        let name = |f: &str| pool.iter().find(|n| &***n == f).unwrap().clone();
         let row = |frames: &[&str], samples| StackRow {
-            frames: frames.iter().map(|&f| Arc::from(f)).collect(),
+            frames: frames.iter().map(|&f| name(f)).collect(),
             samples,
             self_ms: samples as f64 / 2.0,
         };
@@ -708,6 +716,11 @@ mod tests {
         assert_eq!(serde_json::from_str::<Stacks>(&json).unwrap(), s);
         let v1 = r#"{"stacks":[{"frames":["main","[...]","f"],"samples":3,"self_ms":1.5},{"frames":["main","g"],"samples":1,"self_ms":0.5}]}"#;
         assert_eq!(serde_json::from_str::<Stacks>(v1).unwrap(), s);
+        // Names not shared (a report read back) are listed again.
+        let read = serde_json::from_str::<Stacks>(v1).unwrap();
+        let again = serde_json::to_string(&read).unwrap();
+        assert!(again.contains(r#""names":["main","[...]","f","main","g"]"#), "{again}");
+        assert_eq!(serde_json::from_str::<Stacks>(&again).unwrap(), s);
         let bad = r#"{"stacks":{"names":["main"],"paths":[{"frames":[0,1],"samples":1,"self_ms":0}]}}"#;
         assert!(serde_json::from_str::<Stacks>(bad).is_err());
     }
