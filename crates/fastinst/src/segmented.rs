@@ -56,11 +56,9 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
             return None;
         }
         let seg = self.segs[(i >> SEG_BITS) as usize].load(Ordering::Relaxed);
-        // SAFETY: `i < len`: its segment pointer was stored and its slot
-        // written before `len` was raised past it (Release, read Acquire
-        // above); segments are never freed and published slots never
-        // written again, so the slot holds a `T` for the rest of the
-        // process.
+        // SAFETY: `i < len`: its segment and slot were written before `len`
+        // passed it (Release, read Acquire above); segments are never freed
+        // and published slots never written again: a `T` for good.
         unsafe {
             let slot: &Slot<T> = &*seg.add(i as usize & (SEG - 1));
             Some((*slot.get()).assume_init_ref())

@@ -332,13 +332,14 @@ fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool, e
 }
 
 /// Switches exit probe `id` of `f` off, then stamps the change: a sampled
-/// call entered before the stamp may now return unseen. Counted in the
-/// calling thread's `counts`.
-fn exit_off(p: &Profiler, f: &Func, id: ProbeId, counts: &Counters) {
-    if crate::deactivate(id).is_ok() {
+/// call entered before the stamp may now return unseen. Whether it
+/// switched (a toggle for the caller to count).
+fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
+    let switched = crate::deactivate(id).is_ok();
+    if switched {
         exit_watch_changed(p, f);
-        Counters::add_own(&counts.toggles, 1);
     }
+    switched
 }
 
 /// Stamps a switch of one of `f`'s exit probes (see [`Frame::exit_gen`]);
@@ -411,6 +412,7 @@ extern "C" fn on_entry(id: ProbeId) {
     });
     if pushed.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
+        p.counters.toggles.fetch_add(u64::from(switched_off), Ordering::Relaxed);
     }
 }
 
@@ -422,14 +424,17 @@ extern "C" fn on_exit(id: ProbeId) {
     // flight, so this probe has no more work until the next window; it goes
     // off before the frame search.
     if f.exhausted.load(Ordering::Acquire) && f.outstanding.load(Ordering::Acquire) <= 0 {
-        let done = with_local(|store, _| {
+        let switched = exit_off(p, f, id);
+        let counted = with_local(|store, _| {
             let c = &store.counts;
             Counters::add_own(&c.unmatched_exits, 1);
-            exit_off(p, f, id, c);
+            Counters::add_own(&c.toggles, u64::from(switched));
             Counters::add_own(&c.handler_ticks, tsc::now() - t);
         });
-        if done.is_none() {
-            p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
+        if counted.is_none() {
+            // An exiting thread: its own counters are gone.
+            p.counters.unmatched_exits.fetch_add(1, Ordering::Relaxed);
+            p.counters.toggles.fetch_add(u64::from(switched), Ordering::Relaxed);
         }
         return;
     }
@@ -450,8 +455,9 @@ extern "C" fn on_exit(id: ProbeId) {
                 // more work until the next window.
                 if f.exhausted.load(Ordering::Acquire)
                     && (f.outstanding.load(Ordering::Acquire) <= 0 || f.unmatched_over_budget())
+                    && exit_off(p, f, id)
                 {
-                    exit_off(p, f, id, &store.counts);
+                    Counters::add_own(&store.counts.toggles, 1);
                 }
                 Counters::add_own(&store.counts.handler_ticks, tsc::now() - t);
                 return;
@@ -488,8 +494,8 @@ extern "C" fn on_exit(id: ProbeId) {
         let c = &store.counts;
         Counters::add_own(&c.samples, 1);
         let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left <= 0 && f.exhausted.load(Ordering::Acquire) {
-            exit_off(p, f, id, c);
+        if left <= 0 && f.exhausted.load(Ordering::Acquire) && exit_off(p, f, id) {
+            Counters::add_own(&c.toggles, 1);
         }
         Counters::add_own(&c.handler_ticks, tsc::now() - t);
     });
@@ -534,8 +540,6 @@ fn resolve_ends(p: &Profiler, from: &mut u32) {
     if *from >= n {
         return;
     }
-    // Whether a caller is direct depends on the extents.
-    paths_may_change(p);
     crate::discovery::with_state(|st| {
         for i in *from..n {
             if let Some(f) = p.funcs.get(i) {
@@ -545,10 +549,13 @@ fn resolve_ends(p: &Profiler, from: &mut u32) {
                     .and_then(|m| m.function(f.addr as u64))
                     .map(|s| s.end() as usize)
                     .unwrap_or(usize::MAX);
-                f.end.store(end, Ordering::Relaxed);
+                f.end.store(end, Ordering::Release);
             }
         }
     });
+    // Whether a caller is direct depends on the extents: a path worked out
+    // before this point may read differently now.
+    paths_may_change(p);
     *from = n;
 }
 
