@@ -42,8 +42,9 @@ pub const SCHEMA: &str = "fastinst-profile/2";
 
 /// The schemas this crate reads: version 1 spelled each stack's frames out
 /// as names; version 2 lists the names once (`stacks.names`) and the
-/// frames as indices into it, a fifth of the size (2.6 MB of SQLite's 3.4
-/// MB report was frame names) and a third of the time to write.
+/// frames as indices into it (SQLite's report: 1.5 MB for ~6,900 paths,
+/// where version 1 took 2.6 MB for ~6,300, written in about half the
+/// time).
 pub const SCHEMAS_READ: [&str; 2] = [SCHEMA, "fastinst-profile/1"];
 
 /// The report's root.
