@@ -35,7 +35,7 @@ options:
   --seconds F         seconds per trial (default: fitted to the time budget)
   --margin F          safety margin on the smallest clean wait (default 2)
   --min-evidence N    co-run toggles at W >= W* needed to trust T_max
-                      (default 1000000; 250000 with --quick)
+                      (default 20000000)
   --out PATH          config to write (default: $FASTINST_CONFIG, else
                       $XDG_CONFIG_HOME/fastinst/machine.toml, else
                       ~/.config/fastinst/machine.toml)
@@ -92,7 +92,7 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
     let mut plan = if quick { Plan::quick(cores) } else { Plan::full(cores) };
     let mut th = Thresholds {
         margin: plan.margin,
-        min_evidence: if quick { 250_000 } else { 1_000_000 },
+        min_evidence: crate::recommend::MIN_EVIDENCE,
     };
     let mut a = Args {
         plan: plan.clone(),
@@ -418,7 +418,7 @@ mod tests {
         assert!(a.plan.quick);
         assert_eq!(a.plan.waits, vec![0, 100]);
         assert_eq!(a.th.margin, 3.0);
-        assert_eq!(a.th.min_evidence, 250_000);
+        assert_eq!(a.th.min_evidence, crate::recommend::MIN_EVIDENCE);
         assert!(parse(&s(&["--help"])).unwrap().is_none());
         assert!(parse(&s(&["--bogus"])).unwrap_err().contains("--bogus"));
         assert!(parse(&s(&["--splits", "0"])).unwrap_err().contains("splits"));

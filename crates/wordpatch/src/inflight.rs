@@ -477,6 +477,45 @@ mod tests {
         assert!(!live(raced));
     }
 
+    /// A patch finishes (its slot between `seq += 1` and `site = 0`) while
+    /// the next patch at the same site already holds another slot. Finishing
+    /// the site must not answer `Done` because the slot it looked up first
+    /// was the finished one: the new patch is still in flight. (Before the
+    /// fix it did, and the next `start_patch` found the site INT3-locked.)
+    #[test]
+    fn finishing_a_site_looks_past_a_slot_that_is_being_freed() {
+        let site = 0x6999_0000_0000usize - 2;
+        let a = claim(site, &[1, 2, 3, 4], Wait::Tmax(0)).unwrap();
+        publish(a);
+        let slot = &TABLE[a.idx];
+        assert!(slot
+            .lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok());
+        slot.seq.fetch_add(1, Ordering::SeqCst);
+        // The next patch: its INT3 is in and its wait far from over.
+        let b = claim(site, &[5, 6, 7, 8], Wait::Tmax(u64::MAX / 2)).unwrap();
+        publish(b);
+        assert_ne!(a.idx, b.idx);
+        let stale = find(site).expect("the finishing slot still names the site");
+        assert_eq!(stale.idx, a.idx, "the window hands out the finishing slot first");
+        let mut first = true;
+        let progress = crate::patch::finish_found(site, |s| {
+            if std::mem::take(&mut first) {
+                // The release's second store lands between lookup and step.
+                slot.site.store(0, Ordering::SeqCst);
+                IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+                Some(stale)
+            } else {
+                find(s)
+            }
+        });
+        assert_eq!(progress, crate::Progress::InFlight, "the second patch is in flight");
+        assert_eq!(find(site), Some(b));
+        abandon(b);
+        assert_eq!(crate::finish_patch(site as *const u8), crate::Progress::Done);
+    }
+
     #[test]
     fn a_full_window_is_too_many_in_flight() {
         let bs = colliding_boundaries(WINDOW + 1);

@@ -96,13 +96,34 @@ pub unsafe fn start_patch(site: *mut u8, new: &[u8], opts: &PatchOptions<'_>) ->
 /// elapsed (paper Fig. 7); `Done` once it is complete or if no patch is in
 /// flight there. With [`Wait::SyncCore`] a due step runs its barrier here.
 pub fn finish_patch(site: *const u8) -> Progress {
-    match inflight::find(site as usize) {
-        None => Progress::Done,
-        Some(t) => match inflight::advance(t, true) {
-            Step::Done => Progress::Done,
-            Step::Waiting | Step::Busy => Progress::InFlight,
-        },
+    finish_found(site as usize, inflight::find)
+}
+
+/// Lookups [`finish_patch`] makes past slots that turn out finished before
+/// it answers `InFlight` (the caller polls again).
+const FINISH_LOOKUPS: usize = 4;
+
+/// [`finish_patch`] with its slot lookup as a parameter, so a test can hand
+/// it the slot of a patch that finishes between the lookup and the step.
+///
+/// `Done` only once no slot names the site. A "Done" from the slot found is
+/// not enough: a finished patch's slot still names its site until the last
+/// store of its release, and a patch started at the same site in that moment
+/// holds another slot; the lookup may hand out the finishing one first. When
+/// this answered `Done` for it, a caller that polled a patch to completion
+/// and started the next one found the site still INT3-locked by the patch
+/// it believed finished (the stress harness's `word-async` toggle errors).
+pub(crate) fn finish_found(site: usize, mut find: impl FnMut(usize) -> Option<Ticket>) -> Progress {
+    for _ in 0..FINISH_LOOKUPS {
+        match find(site) {
+            None => return Progress::Done,
+            Some(t) => match inflight::advance(t, true) {
+                Step::Done => continue,
+                Step::Waiting | Step::Busy => return Progress::InFlight,
+            },
+        }
     }
+    Progress::InFlight
 }
 
 /// Drives every patch in flight to completion and returns how many this call
