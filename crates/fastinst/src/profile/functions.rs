@@ -3,18 +3,32 @@
 //! A function's entry probe counts the calls of the current window; the
 //! K-th switches the entry probe off and stamps the time. The daemon closes
 //! each exhausted window at the next epoch: with the window opened at `t_0`
-//! and the K-th call at `t_k`, the rate is `(K - 1/2) / (t_k - t_0)` and the
-//! window's calls are `rate × (close - t_0)`. For calls at a steady period
+//! and the K-th call at `t_k`, the rate is `(K - 0.8) / (t_k - t_0)` and the
+//! window's calls are `rate × (close - t_0)`. A window that never fills
+//! counts its calls exactly.
+//!
+//! Why K - 0.8 ([`RATE_OFFSET`]): no offset is unbiased for every arrival
+//! pattern, and the bounding cases pull apart. For calls at a steady period
 //! (loops) `t_k - t_0` is `(K - 1 + U)` periods with the first call's phase
-//! U uniform in [0, 1), so K - 1/2 makes the estimate unbiased to first
-//! order; for Poisson arrivals (several threads calling one function look
-//! like that) it is (K - 1/2)/(K - 1) = 5.6% high at K = 10. K - 1 would be
-//! exact for Poisson and 5% low for loops; measuring from the first call
-//! would be exact for one loop and 12% high for Poisson (measured +13-18% on
-//! the two-thread test program). A window that never fills
-//! counts its calls exactly. So the estimate is exact for functions called
-//! fewer than K times per epoch and statistical above that; it assumes the
-//! rate within one window is steady (documented in the README).
+//! U uniform in [0, 1), so K - 1/2 is unbiased to first order; for Poisson
+//! arrivals (several threads calling one function look like that) K - 1 is,
+//! and K - 1/2 reads about (K - 1/2)/(K - 1) = 5.6% high at K = 10. Bursty
+//! calls (a loop with a long pause every hundred rounds, as in the test
+//! tree) read higher still. The offset is the minimax over the three,
+//! simulated through this code
+//! (`the_rate_offset_bounds_the_bias_of_every_arrival_pattern`):
+//!
+//! | offset | loop | Poisson | bursty |
+//! | --- | ---: | ---: | ---: |
+//! | 0.5 | -0.0% | +6.4% | +7.0% |
+//! | 0.75 | -2.7% | +3.6% | +4.2% |
+//! | **0.8** | -3.2% | +3.0% | +3.6% |
+//! | 1.0 | -5.3% | +0.8% | +1.3% |
+//!
+//! With K - 1/2 the test tree's bursty `step` measured +4% to +7%, once
+//! +10.3% against its 10% bound. Measuring from the first call instead
+//! would be exact for one loop and 12% high for Poisson. The estimate
+//! assumes the rate within one window is steady (README).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -29,6 +43,10 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize
 /// otherwise it is dropped and counted ("left without exit"), never
 /// misattributed.
 pub const EXIT_BUDGET: u32 = 64;
+
+/// What a filled window's rate subtracts from its K calls, measured over
+/// `t_k - t_0` (see the module doc, "Why K - 0.8").
+pub const RATE_OFFSET: f64 = 0.8;
 
 /// One instrumented function.
 ///
@@ -100,7 +118,7 @@ impl Func {
         let t0 = self.window_start.load(Ordering::Relaxed);
         let tk = self.t_k.load(Ordering::Relaxed);
         let est = if tk > t0 && now > t0 {
-            (quota as f64 - 0.5) * (now - t0) as f64 / (tk - t0) as f64
+            (quota as f64 - RATE_OFFSET) * (now - t0) as f64 / (tk - t0) as f64
         } else {
             n as f64
         };
@@ -273,9 +291,9 @@ mod tests {
     #[test]
     fn windows_estimate_from_the_quota_rate() {
         let f = Func::new(0x1000, "f".into(), 1000);
-        // The 10th call 950 ticks after the window opened: rate 9.5/950.
+        // The 10th call 920 ticks after the window opened: rate 9.2/920.
         f.count.store(10, Ordering::Relaxed);
-        f.t_k.store(1950, Ordering::Relaxed);
+        f.t_k.store(1920, Ordering::Relaxed);
         f.exhausted.store(true, Ordering::Relaxed);
         assert!((f.window_estimate(10, 11_000) - 100.0).abs() < 1e-9);
         f.close_window(10, 11_000);
@@ -284,6 +302,95 @@ mod tests {
         f.count.store(3, Ordering::Relaxed);
         assert!((f.estimated_calls(10, 50_000) - 103.0).abs() < 1e-9);
         assert_eq!(f.windows.load(Ordering::Relaxed), 1);
+    }
+
+    /// Runs the windows of one function over `calls` (sorted TSC stamps)
+    /// through `Func`'s own window code: a window opens at each epoch, the
+    /// K-th call fills it, the next epoch closes it. Returns the estimate.
+    fn estimate(calls: &[u64], end: u64, epoch: u64, k: u32) -> f64 {
+        let f = Func::new(0x1000, String::new(), 0);
+        let mut i = 0;
+        let mut t0 = 0;
+        while t0 < end {
+            let close = (t0 + epoch).min(end);
+            f.open_window(t0);
+            let mut n = 0;
+            while i < calls.len() && calls[i] < close {
+                if n < k {
+                    n += 1;
+                    f.count.store(n, Ordering::Relaxed);
+                    if n == k {
+                        f.t_k.store(calls[i], Ordering::Relaxed);
+                        f.exhausted.store(true, Ordering::Relaxed);
+                    }
+                }
+                i += 1;
+            }
+            f.close_window(k, close);
+            t0 = close;
+        }
+        f64::from_bits(f.est_closed.load(Ordering::Relaxed))
+    }
+
+    /// xorshift64*: a seeded uniform in [0, 1) for the simulations.
+    struct Rng(u64);
+    impl Rng {
+        fn unit(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// The module doc's claim, checked through the real window code: the
+    /// estimate's mean error stays within 4% for steady loops, Poisson
+    /// arrivals and the test tree's bursty pattern (a 2 ms pause every 100
+    /// calls of 55 us). K - 1/2 fails it (Poisson +6.4%, bursty +7.0%), and
+    /// so does K - 1 (loops -5.3%).
+    #[test]
+    fn the_rate_offset_bounds_the_bias_of_every_arrival_pattern() {
+        const US: u64 = 1000;
+        let (end, epoch, runs) = (600_000 * US, 10_000 * US, 60);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        type Pattern = fn(&mut Rng, u64) -> Vec<u64>;
+        let patterns: [(&str, Pattern); 3] = [
+            ("loop", |r, end| {
+                let mut t = (r.unit() * 55.0 * US as f64) as u64;
+                std::iter::from_fn(|| {
+                    t += 55 * US;
+                    (t < end).then_some(t)
+                })
+                .collect()
+            }),
+            ("poisson", |r, end| {
+                let mut t = 0.0;
+                std::iter::from_fn(|| {
+                    t += -(1.0 - r.unit()).ln() * 55.0 * US as f64;
+                    ((t as u64) < end).then_some(t as u64)
+                })
+                .collect()
+            }),
+            ("bursty", |r, end| {
+                let mut t = (r.unit() * 7560.0 * US as f64) as u64;
+                let mut i = 0u64;
+                std::iter::from_fn(|| {
+                    t += 55 * US + if i % 100 == 0 { 2060 * US } else { 0 };
+                    i += 1;
+                    (t < end).then_some(t)
+                })
+                .collect()
+            }),
+        ];
+        for (name, pattern) in patterns {
+            let mut err = 0.0;
+            for _ in 0..runs {
+                let calls = pattern(&mut rng, end);
+                err += estimate(&calls, end, epoch, 10) / calls.len() as f64 - 1.0;
+            }
+            let mean = err / runs as f64;
+            assert!(mean.abs() < 0.04, "{name}: mean error {:+.1}%", mean * 100.0);
+        }
     }
 
     #[test]
