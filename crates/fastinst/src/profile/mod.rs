@@ -12,6 +12,7 @@
 //! call estimate ([`functions`]). Pairing, call paths and their limits are
 //! in [`thread`]; the reports in [`report`].
 
+mod flame;
 mod functions;
 mod hist;
 mod paths;

@@ -1,0 +1,229 @@
+//! The flame graph's input, without the frames it would not draw.
+//!
+//! inferno draws a frame only if it is at least `min_width` percent of the
+//! whole (0.01% by default), but it parses, merges and times every frame of
+//! every folded line first. SQLite's profile has ~6,900 paths, 1.5 MB of
+//! folded text, of which the flame graph draws about a thousand frames:
+//! inferno took ~9 ms of the ~30 ms the reports cost at exit.
+//!
+//! [`drawable_lines`] cuts each path after its last frame that inferno
+//! would draw (keeping the first one it would not, or the root) and merges
+//! consecutive paths that become alike. inferno's frames are runs of
+//! consecutive lines that share a prefix (`flow` in its `merge.rs`); the
+//! widths are computed here the same way, over the same folded names, and
+//! with inferno's threshold expression, so every frame it draws spans the
+//! same lines with the same weights, starts and ends at the same time, and
+//! closes in the same order: the SVG is byte for byte the one the whole
+//! folded stacks give (tested, on a generated report and against SQLite's).
+
+use super::report::{folded_name, folded_weight, push_folded, Report};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// Whether two frames print alike in the folded stacks, which is what
+/// inferno compares.
+fn same_frame(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || folded_name(a).eq(folded_name(b))
+}
+
+/// Frames the two paths share from the root.
+fn shared_depth(a: &[Arc<str>], b: &[Arc<str>]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| same_frame(x, y)).count()
+}
+
+/// The folded lines (as [`render_folded`](super::report::render_folded)
+/// writes them, in `r`'s order) cut to what a flame graph with
+/// `min_width` (inferno's option, percent of the total) draws. `r`'s
+/// stacks must be in the order their lines sort (inferno's order).
+pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
+    let lines: Vec<(&[Arc<str>], u64)> = r
+        .stacks
+        .iter()
+        .map(|s| (&s.frames[..], folded_weight(s)))
+        .filter(|&(frames, w)| w > 0 && !frames.is_empty())
+        .collect();
+    let total: u64 = lines.iter().map(|l| l.1).sum();
+    // inferno's expressions (flamegraph/mod.rs), so that the comparison
+    // below rounds as its own does.
+    let widthpertime_pct = 100.0 / total as f64;
+    let minwidth_time = min_width / widthpertime_pct;
+    // cut[i]: frames of line i to keep: up to the shallowest frame that is
+    // too narrow to draw, that one included (it is pruned, and keeping it
+    // keeps a line whose every frame is narrow).
+    let mut cut: Vec<usize> = lines.iter().map(|l| l.0.len()).collect();
+    // Open runs, one per depth: (first line, weight before it).
+    let mut open: Vec<(usize, u64)> = Vec::new();
+    let mut before = 0u64;
+    for i in 0..=lines.len() {
+        let keep = match (i.checked_sub(1), lines.get(i)) {
+            (Some(p), Some(l)) => shared_depth(lines[p].0, l.0),
+            _ => 0,
+        };
+        while open.len() > keep {
+            let depth = open.len() - 1;
+            let (first, at) = open.pop().expect("longer than keep");
+            if ((before - at) as f64) < minwidth_time {
+                for c in &mut cut[first..i] {
+                    *c = (*c).min(depth + 1);
+                }
+            }
+        }
+        if let Some(&(frames, w)) = lines.get(i) {
+            open.resize(frames.len(), (i, before));
+            before += w;
+        }
+    }
+    let mut out = String::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let frames = &lines[i].0[..cut[i]];
+        let mut w = lines[i].1;
+        i += 1;
+        while i < lines.len() && cut[i] == frames.len() && shared_depth(lines[i].0, frames) == frames.len() {
+            w += lines[i].1;
+            i += 1;
+        }
+        for (k, f) in frames.iter().enumerate() {
+            if k > 0 {
+                out.push(';');
+            }
+            push_folded(&mut out, f);
+        }
+        let _ = writeln!(out, " {w}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::report::{by_frames, flame_options, lines_sorted, render_folded, render_svg};
+    use crate::profile::report::{Overhead, SettingsOut, StackRow};
+
+    fn report(stacks: Vec<StackRow>) -> Report {
+        Report {
+            schema: "test".into(),
+            program: "t".into(),
+            pid: 1,
+            wall_ms: 1.0,
+            tsc_mhz: 1.0,
+            settings: SettingsOut {
+                samples_per_window: 10,
+                epoch_ms: 10.0,
+            },
+            overhead: Overhead::default(),
+            functions: Vec::new(),
+            edges: Vec::new(),
+            stacks,
+        }
+    }
+
+    /// inferno on the whole folded stacks, as the reports drew it before.
+    fn whole_svg(r: &Report) -> String {
+        let folded = render_folded(r);
+        let mut opt = flame_options(r);
+        opt.no_sort = lines_sorted(&folded);
+        let mut out = Vec::new();
+        inferno::flamegraph::from_lines(&mut opt, folded.lines(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// Random paths over `names` (shared, as a report's are), weights
+    /// spread over six orders of magnitude so most frames are too narrow to
+    /// draw, in the flame graph's order with alike paths merged.
+    fn random_report(names: &[&str], seed: u64, n: usize) -> Report {
+        let pool: Vec<Arc<str>> = names.iter().map(|&n| Arc::from(n)).collect();
+        let mut x = seed;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut paths: Vec<StackRow> = (0..n)
+            .map(|_| {
+                let depth = 1 + (next() % 14) as usize;
+                // Shallow frames from few names, so paths share prefixes.
+                let frames = (0..depth)
+                    .map(|d| pool[(next() as usize) % (2 + d).min(pool.len())].clone())
+                    .collect();
+                // Mostly light paths: u^3 of the exponent.
+                let u = (next() % 1000) as f64 / 1000.0;
+                let w = 10f64.powf(8.0 * u * u * u);
+                StackRow {
+                    frames,
+                    samples: 1,
+                    self_ms: w / 1e3,
+                }
+            })
+            .collect();
+        paths.sort_by(|a, b| by_frames(&a.frames, &b.frames));
+        paths.dedup_by(|b, a| {
+            let alike = by_frames(&a.frames, &b.frames).is_eq();
+            if alike {
+                a.self_ms += b.self_ms;
+            }
+            alike
+        });
+        report(paths)
+    }
+
+    #[test]
+    fn the_flame_graph_of_the_drawable_frames_is_the_whole_ones() {
+        let names = [
+            "main", "run", "f", "g", "h", "k", "parse", "eval", "[...]", "step", "leaf", "m",
+        ];
+        for seed in 1..=20 {
+            let r = random_report(&names, seed * 0x9E37_79B9, 3000);
+            let whole = render_folded(&r);
+            let drawable = drawable_lines(&r, flame_options(&r).min_width);
+            assert!(
+                drawable.lines().count() * 4 < whole.lines().count() * 3,
+                "seed {seed}: {} of {} lines kept",
+                drawable.lines().count(),
+                whole.lines().count()
+            );
+            assert!(lines_sorted(&drawable), "seed {seed}");
+            same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
+        }
+    }
+
+    /// Names that fold alike (`g h`, `g;h`, `g_h`) are one frame to
+    /// inferno, and so to the cut.
+    #[test]
+    fn names_that_fold_alike_are_one_frame() {
+        let names = ["main", "f", "fz", "g h", "g;h", "g_h", "a", "ab"];
+        for seed in 1..=20 {
+            let r = random_report(&names, seed * 0x2545_F491, 2000);
+            assert!(
+                lines_sorted(&drawable_lines(&r, 0.01)),
+                "seed {seed}: drawn from the cut lines"
+            );
+            same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
+        }
+    }
+
+    /// Names that extend one another with a byte below `;` (`f`, `f.cold`,
+    /// `f2`): a cut line may then sort before its neighbour, and such a
+    /// report is drawn from its whole lines, as before.
+    #[test]
+    fn names_that_extend_each_other_draw_as_before() {
+        let names = ["main", "f", "f.cold", "f2", "g h", "g_h", "a", "a:b"];
+        for seed in 1..=20 {
+            let r = random_report(&names, seed * 0x2545_F491, 2000);
+            same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
+        }
+    }
+
+    fn same_svg(got: &str, want: &str, seed: u64) {
+        if got != want {
+            let at = got.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+            let lo = at.saturating_sub(300);
+            panic!(
+                "seed {seed}: the flame graphs differ at byte {at}:\n got {}\nwant {}",
+                &got[lo..(at + 300).min(got.len())],
+                &want[lo..(at + 300).min(want.len())]
+            );
+        }
+    }
+}
