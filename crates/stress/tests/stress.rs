@@ -103,28 +103,49 @@ fn wordpatch_async_synccore_every_split() {
 // "Tmax on this machine"). Whether a machine may use it is for `calibrate` to
 // decide with evidence; the default wait is SyncCore.
 
-/// Proof the harness can fail: writing a straddler as two plain stores, or
-/// INT3-locking it with no wait, must crash executors at every split.
+/// Proof the harness can fail: writing a straddler as two plain stores must
+/// crash executors at every split, and INT3-locking it with no wait must
+/// crash them too.
+///
+/// The two-store control fails within one trial at every split. The no-wait
+/// control needs a thread to fetch the site's first line, lose the race to
+/// both stores, then fetch the second, inside a window of a few hundred
+/// ticks: on this 2-vCPU VM that takes 1 to ~40 M toggles, and varies with
+/// the host's load. Once it ran 48.6 M toggles (20 trials) at split 2 with
+/// no tear while splits 1, 3 and 4 tore, so requiring a tear at every split
+/// within the budget made CI flaky; it must tear at one split at least.
 #[test]
-fn negative_controls_are_caught_at_every_split() {
-    let run = stress(&[
-        "--strategies",
-        "word-naive,word-tmax:0",
-        "--splits",
-        "1,2,3,4",
-        "--trials",
-        "20",
-        "--seconds",
-        "1",
-        "--expect-failure",
-    ]);
-    let r = results(&run.stdout);
-    assert_eq!(r.len(), 8, "{}", run.stdout);
-    for (label, _, failures, _) in &r {
+fn negative_controls_are_caught() {
+    let control = |strategy: &str| {
+        let run = stress(&[
+            "--strategies",
+            strategy,
+            "--splits",
+            "1,2,3,4",
+            "--trials",
+            "20",
+            "--seconds",
+            "1",
+            "--expect-failure",
+        ]);
+        let r = results(&run.stdout);
+        assert_eq!(r.len(), 4, "{}", run.stdout);
+        (run, r)
+    };
+    let (run, naive) = control("word-naive");
+    for (label, _, failures, _) in &naive {
         assert!(
             *failures >= 1,
-            "{label}: the harness saw no failure of a broken protocol"
+            "{label}: the harness saw no failure of two plain stores"
         );
     }
     assert!(run.success);
+    let (run, no_wait) = control("word-tmax:0");
+    let torn: Vec<&str> = no_wait.iter().filter(|r| r.2 >= 1).map(|r| r.0.as_str()).collect();
+    println!("no-wait control tore at: {torn:?}");
+    assert!(
+        !torn.is_empty(),
+        "the harness saw no failure of INT3 with no wait at any split:\n{}",
+        run.stdout
+    );
 }
