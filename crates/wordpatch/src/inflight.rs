@@ -443,6 +443,19 @@ mod tests {
             .collect()
     }
 
+    /// Takes the first step of freeing `t`'s published slot, as
+    /// `advance_from`'s last step does (the slot stays locked): `seq += 1`,
+    /// with `site = 0` still to come.
+    fn begin_release(t: Ticket) -> &'static Slot {
+        let slot = &TABLE[t.idx];
+        assert!(slot
+            .lock
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok());
+        slot.seq.fetch_add(1, Ordering::SeqCst);
+        slot
+    }
+
     /// The interleaving that hung a trapped thread: a lookup that lands
     /// between the two stores that free a slot gets the site and the next
     /// sequence number. That ticket must be dead once the site is cleared
@@ -454,14 +467,7 @@ mod tests {
         let site = 0x6888_0000_0000usize - 2;
         let t = claim(site, &[1, 2, 3, 4], Wait::Tmax(0)).unwrap();
         publish(t);
-        let slot = &TABLE[t.idx];
-        // The release's first store (as in `advance_from`'s last step,
-        // whose slot stays locked).
-        assert!(slot
-            .lock
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok());
-        slot.seq.fetch_add(1, Ordering::SeqCst);
+        let slot = begin_release(t);
         let raced = find(site).expect("the site is still visible");
         assert_ne!(raced, t);
         // The second store.
@@ -487,12 +493,7 @@ mod tests {
         let site = 0x6999_0000_0000usize - 2;
         let a = claim(site, &[1, 2, 3, 4], Wait::Tmax(0)).unwrap();
         publish(a);
-        let slot = &TABLE[a.idx];
-        assert!(slot
-            .lock
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok());
-        slot.seq.fetch_add(1, Ordering::SeqCst);
+        let slot = begin_release(a);
         // The next patch: its INT3 is in and its wait far from over.
         let b = claim(site, &[5, 6, 7, 8], Wait::Tmax(u64::MAX / 2)).unwrap();
         publish(b);

@@ -97,7 +97,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::report::{by_frames, flame_options, lines_sorted, render_folded, render_svg};
+    use crate::profile::report::{flame_options, lines_sorted, order_and_merge, render_folded, render_svg};
     use crate::profile::report::{Overhead, SettingsOut, StackRow};
 
     fn report(stacks: Vec<StackRow>) -> Report {
@@ -130,7 +130,7 @@ mod tests {
 
     /// Random paths over `names` (shared, as a report's are), weights
     /// spread over six orders of magnitude so most frames are too narrow to
-    /// draw, in the flame graph's order with alike paths merged.
+    /// draw, ordered and merged as `collect` does.
     fn random_report(names: &[&str], seed: u64, n: usize) -> Report {
         let pool: Vec<Arc<str>> = names.iter().map(|&n| Arc::from(n)).collect();
         let mut x = seed;
@@ -157,14 +157,7 @@ mod tests {
                 }
             })
             .collect();
-        paths.sort_by(|a, b| by_frames(&a.frames, &b.frames));
-        paths.dedup_by(|b, a| {
-            let alike = by_frames(&a.frames, &b.frames).is_eq();
-            if alike {
-                a.self_ms += b.self_ms;
-            }
-            alike
-        });
+        order_and_merge(&mut paths);
         report(paths)
     }
 

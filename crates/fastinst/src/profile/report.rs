@@ -434,18 +434,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
-    // In the flame graph's order (see `svg_of_folded`); paths that differ
-    // only by return addresses in the same caller print alike and are one
-    // row.
-    stack_rows.sort_unstable_by(|a, b| by_frames(&a.frames, &b.frames));
-    stack_rows.dedup_by(|later, kept| {
-        let same = by_frames(&later.frames, &kept.frames).is_eq();
-        if same {
-            kept.samples += later.samples;
-            kept.self_ms += later.self_ms;
-        }
-        same
-    });
+    order_and_merge(&mut stack_rows);
 
     let c = |field: fn(&super::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
     let wall_s = wall_ns / 1e9;
@@ -611,11 +600,26 @@ pub fn render_svg(r: &Report) -> Result<String, String> {
     svg_of_folded(r, &render_folded(r))
 }
 
+/// Puts paths in the flame graph's order (see `svg_of_folded`) and merges
+/// those that print alike: paths that differ only by return addresses in
+/// the same caller are one row.
+pub(super) fn order_and_merge(rows: &mut Vec<StackRow>) {
+    rows.sort_unstable_by(|a, b| by_frames(&a.frames, &b.frames));
+    rows.dedup_by(|later, kept| {
+        let same = by_frames(&later.frames, &kept.frames).is_eq();
+        if same {
+            kept.samples += later.samples;
+            kept.self_ms += later.self_ms;
+        }
+        same
+    });
+}
+
 /// Orders call paths as their lines in the folded stacks sort as strings
 /// (frames joined by `;`, then a space and the weight; see
 /// [`render_folded`]), which is the order the flame graph needs. Paths
 /// share their names, so equal frames mostly compare by pointer.
-pub(super) fn by_frames(a: &[Arc<str>], b: &[Arc<str>]) -> std::cmp::Ordering {
+fn by_frames(a: &[Arc<str>], b: &[Arc<str>]) -> std::cmp::Ordering {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let (x_last, y_last) = (i + 1 == a.len(), i + 1 == b.len());
         if Arc::ptr_eq(x, y) && x_last == y_last {
