@@ -213,7 +213,7 @@ pub fn recommend(sweep: &Sweep, verify: Option<&Tally>, costs: Option<&WaitCosts
             }
         }
     }
-    let sync_available = costs.map_or(true, |c| c.synccore_busy.is_some());
+    let sync_available = costs.is_none_or(|c| c.synccore_busy.is_some());
     let wait = match (tmax, costs) {
         (Some(t), Some(c)) => match c.synccore_busy {
             Some(s) if s <= c.tmax_busy => {

@@ -137,7 +137,7 @@ mod tests {
                             let v = t.get(i).expect("below len");
                             assert!(v.iter().all(|&w| w == u64::from(i)), "entry {i} torn: {v:?}");
                         }
-                        assert!(t.get(n + 1).map_or(true, |v| v[0] == u64::from(n + 1)));
+                        assert!(t.get(n + 1).is_none_or(|v| v[0] == u64::from(n + 1)));
                         seen = n;
                     }
                 });

@@ -375,7 +375,7 @@ mod tests {
                 let mut t = (r.unit() * 7560.0 * US as f64) as u64;
                 let mut i = 0u64;
                 std::iter::from_fn(|| {
-                    t += 55 * US + if i % 100 == 0 { 2060 * US } else { 0 };
+                    t += 55 * US + if i.is_multiple_of(100) { 2060 * US } else { 0 };
                     i += 1;
                     (t < end).then_some(t)
                 })
