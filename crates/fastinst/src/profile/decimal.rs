@@ -51,16 +51,11 @@ impl fmt::Display for Fixed {
 #[cfg(test)]
 mod tests {
     use super::Fixed;
+    use crate::profile::test_rng::Rng;
 
     #[test]
     fn writes_what_std_writes() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let mut values = vec![
             0.0,
             -0.0,
@@ -78,11 +73,11 @@ mod tests {
         ];
         values.extend([f64::INFINITY, f64::NEG_INFINITY, -3.25, 12345.678]);
         for _ in 0..200_000 {
-            let r = next();
+            let r = rng.next_u64();
             // Magnitudes from 1e-6 to 1e9 (a report's times and counts),
             // and both signs.
             let mag = 10f64.powi((r % 16) as i32 - 6);
-            let x = (next() >> 11) as f64 / (1u64 << 53) as f64 * mag;
+            let x = rng.unit() * mag;
             values.push(if r & (1 << 40) != 0 { -x } else { x });
         }
         let mut near_ties = 0;

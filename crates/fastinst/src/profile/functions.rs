@@ -332,16 +332,7 @@ mod tests {
         f64::from_bits(f.est_closed.load(Ordering::Relaxed))
     }
 
-    /// xorshift64*: a seeded uniform in [0, 1) for the simulations.
-    struct Rng(u64);
-    impl Rng {
-        fn unit(&mut self) -> f64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
+    use crate::profile::test_rng::Rng;
 
     /// The module doc's claim, checked through the real window code: the
     /// estimate's mean error stays within 4% for steady loops, Poisson

@@ -18,6 +18,8 @@ mod functions;
 mod hist;
 mod paths;
 pub mod report;
+#[cfg(test)]
+mod test_rng;
 mod thread;
 
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta};

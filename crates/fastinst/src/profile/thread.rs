@@ -409,16 +409,7 @@ fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'sta
 mod tests {
     use super::*;
 
-    /// A tiny xorshift, so the test needs no crate and repeats exactly.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
+    use crate::profile::test_rng::Rng;
 
     /// The path of `done` on `frames` as the module doc defines it, item by
     /// item, written independently of `segment`.
