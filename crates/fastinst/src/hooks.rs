@@ -5,14 +5,15 @@
 //! rewritten argument load) is the probe id; otherwise the return address is
 //! looked up in the lock-free site table; otherwise a function key (tail
 //! jumps, unrecognised sites); only then the slow path, discovery. No locks,
-//! allocation or system calls before discovery. The recursion guard is a
-//! thread-local flag with a const initialiser and no destructor, so it works
-//! in threads that are exiting and in signal handlers.
+//! allocation or system calls before discovery. The recursion guard and the
+//! hook context are static TLS slots ([`crate::tls`]), so they work in
+//! threads that are exiting and in signal handlers.
 
 use crate::probe::ProbeId;
 use crate::registry;
 use crate::sitetable::{self, key};
 use crate::stats;
+use crate::tls::{self, guard_get, guard_set};
 use providers::finstrument::{HookKind, Hooks};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,35 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Largest value + 1 of the low tag encoding (from `vm.mmap_min_addr`);
 /// 0 disables it.
 pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
-
-// The recursion guard: one byte of static (initial-exec) TLS, read and
-// written with `fs:`-relative moves. Rust's `thread_local!` in a shared
-// object uses the general-dynamic model, a `__tls_get_addr` call per access
-// (about 10 ticks of the ~20 an invocation cost); initial-exec is what
-// `LD_PRELOAD` and libraries linked at start-up get from the static TLS
-// block. No destructor, so it works while a thread exits; a plain byte, so
-// it works in signal handlers.
-core::arch::global_asm!(
-    ".pushsection .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    // Global but hidden, like `fastinst_hook_ctx` below: code that reads
-    // the guard may be inlined into any codegen unit.
-    ".globl fastinst_in_handler",
-    ".hidden fastinst_in_handler",
-    ".type fastinst_in_handler,@object",
-    ".size fastinst_in_handler,8",
-    "fastinst_in_handler:",
-    ".zero 8",
-    // Global but hidden: `context` may be inlined into another codegen
-    // unit, whose object must resolve the name at link time.
-    ".globl fastinst_hook_ctx",
-    ".hidden fastinst_hook_ctx",
-    ".type fastinst_hook_ctx,@object",
-    ".size fastinst_hook_ctx,24",
-    "fastinst_hook_ctx:",
-    ".zero 24",
-    ".popsection",
-);
 
 /// What a handler may ask about the hook that called it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,67 +37,15 @@ pub struct HookContext {
     pub cfa: usize,
 }
 
-#[inline(always)]
-fn ctx_set(call_site: u64, stack: u64, cfa: u64) {
-    // SAFETY: writes this thread's copy of the 24-byte TLS block above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
-            "mov qword ptr fs:[{t}], {a}",
-            "mov qword ptr fs:[{t} + 8], {b}",
-            "mov qword ptr fs:[{t} + 16], {c}",
-            t = out(reg) _, a = in(reg) call_site, b = in(reg) stack, c = in(reg) cfa,
-            options(nostack, preserves_flags)
-        )
-    };
-}
-
 /// The context of the hook whose handler is running on this thread. Only
 /// meaningful inside a probe handler; elsewhere it is the last hook's.
 pub fn context() -> HookContext {
-    let (a, b, c): (u64, u64, u64);
-    // SAFETY: reads this thread's copy of the 24-byte TLS block above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
-            "mov {a}, qword ptr fs:[{t}]",
-            "mov {b}, qword ptr fs:[{t} + 8]",
-            "mov {c}, qword ptr fs:[{t} + 16]",
-            t = out(reg) _, a = out(reg) a, b = out(reg) b, c = out(reg) c,
-            options(nostack, readonly, preserves_flags)
-        )
-    };
+    let (a, b, c) = tls::ctx_get();
     HookContext {
         call_site: a as usize,
         stack: b as usize,
         cfa: c as usize,
     }
-}
-
-#[inline(always)]
-pub(crate) fn guard_get() -> bool {
-    let v: u8;
-    // SAFETY: reads this thread's copy of the TLS byte defined above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
-            "mov {v}, byte ptr fs:[{t}]",
-            t = out(reg) _, v = out(reg_byte) v, options(nostack, readonly, preserves_flags)
-        )
-    };
-    v != 0
-}
-
-#[inline(always)]
-fn guard_set(on: bool) {
-    // SAFETY: writes this thread's copy of the TLS byte defined above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
-            "mov byte ptr fs:[{t}], {v}",
-            t = out(reg) _, v = in(reg_byte) on as u8, options(nostack, preserves_flags)
-        )
-    };
 }
 
 thread_local! {
@@ -175,7 +95,12 @@ fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
         Some(id) => id,
         None => match sitetable::get(key::ret(ret)) {
             Some(id) => id,
-            None => return slow(kind, this_fn, ret, call_site, stack),
+            // A tail-jump exit (a function's last call is often its exit
+            // hook, so a good share of exits), found by its function.
+            None => match sitetable::get(key::function(this_fn, kind as u8)) {
+                Some(id) if !undiscovered_call(id) => id,
+                by_function => return slow(kind, this_fn, ret, call_site, stack, by_function),
+            },
         },
     };
     fire(id, call_site, stack, 0)
@@ -200,7 +125,7 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
         return;
     }
     guard_set(true);
-    ctx_set(call_site, stack, cfa);
+    tls::ctx_set(call_site, stack, cfa);
     h(id);
     guard_set(false);
 }
@@ -233,13 +158,7 @@ fn undiscovered_call(id: ProbeId) -> bool {
 
 #[cold]
 #[inline(never)]
-fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
-    let by_function = sitetable::get(key::function(this_fn, kind as u8));
-    if let Some(id) = by_function {
-        if !undiscovered_call(id) {
-            return fire(id, call_site, stack, 0);
-        }
-    }
+fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, by_function: Option<ProbeId>) {
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
         // handler that interrupted it) or from a handler: not discovered

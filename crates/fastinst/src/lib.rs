@@ -43,6 +43,7 @@ mod segmented;
 pub mod sitetable;
 pub mod sled;
 pub mod stats;
+mod tls;
 mod toggle;
 pub mod tools;
 

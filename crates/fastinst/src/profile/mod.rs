@@ -15,7 +15,9 @@
 mod decimal;
 mod flame;
 mod functions;
+mod handler_time;
 mod hist;
+mod local;
 mod paths;
 pub mod report;
 #[cfg(test)]
@@ -26,6 +28,7 @@ use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
 use crate::registry;
 use crate::segmented::Segmented;
 use functions::{Exhausted, Func};
+use local::with_local;
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
 use std::cell::UnsafeCell;
@@ -106,6 +109,7 @@ impl Settings {
 pub(crate) struct Counters {
     pub samples: AtomicU64,
     pub toggles: AtomicU64,
+    /// Estimated ([`handler_time`]): timed calls count 16 times.
     pub handler_ticks: AtomicU64,
     pub unmatched_exits: AtomicU64,
     pub abandoned: AtomicU64,
@@ -196,57 +200,6 @@ static PROFILER: OnceLock<Profiler> = OnceLock::new();
 
 pub(crate) fn get() -> Option<&'static Profiler> {
     PROFILER.get()
-}
-
-struct Local(Arc<ThreadStore>);
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        // The thread is exiting: its open frames will never exit.
-        // SAFETY: the destructor runs on the owning thread.
-        let sh = unsafe { &mut *self.0.shadow.get() };
-        if let Some(p) = get() {
-            for fr in sh.frames.drain(..) {
-                if let Some(f) = p.funcs.get(fr.func) {
-                    f.outstanding.fetch_sub(1, Ordering::Relaxed);
-                }
-                p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.0.exited.store(true, Ordering::Relaxed);
-    }
-}
-
-thread_local! {
-    static LOCAL: Local = Local(new_store());
-}
-
-fn new_store() -> Arc<ThreadStore> {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    let s = Arc::new(ThreadStore {
-        tid,
-        shadow: UnsafeCell::new(Shadow::new()),
-        agg: Mutex::new(Agg::default()),
-        exited: AtomicBool::new(false),
-        counts: Counters::default(),
-    });
-    if let Some(p) = get() {
-        p.threads.lock().push(s.clone());
-    }
-    s
-}
-
-/// Runs `f` on this thread's store; `None` while the thread is exiting.
-fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
-    LOCAL
-        .try_with(|l| {
-            // SAFETY: only this thread reaches its own shadow stack, and no
-            // handler re-enters (the hook's recursion guard).
-            let sh = unsafe { &mut *l.0.shadow.get() };
-            f(&l.0, sh)
-        })
-        .ok()
 }
 
 /// The function's CFA: as the provider gives it (sled probes), else just
@@ -367,14 +320,14 @@ fn paths_may_change(p: &Profiler) {
 }
 
 extern "C" fn on_entry(id: ProbeId) {
-    let t_in = tsc::now();
+    let t_in = handler_time::start();
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     let n = f.count.fetch_add(1, Ordering::AcqRel) + 1;
     let mut switched_off = false;
     if n >= p.settings.samples {
         if n == p.settings.samples {
-            f.t_k.store(t_in, Ordering::Relaxed);
+            f.t_k.store(t_in.unwrap_or_else(tsc::now), Ordering::Relaxed);
             f.exhausted.store(true, Ordering::Release);
             p.exhausted.push(fi, f);
         }
@@ -412,7 +365,7 @@ extern "C" fn on_entry(id: ProbeId) {
             node_epoch: 0,
             open: false,
         });
-        Counters::add_own(&store.counts.handler_ticks, t0 - t_in);
+        handler_time::account(&store.counts.handler_ticks, t_in, t0);
     });
     if pushed.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
@@ -422,6 +375,7 @@ extern "C" fn on_entry(id: ProbeId) {
 
 extern "C" fn on_exit(id: ProbeId) {
     let t = tsc::now();
+    let timed = handler_time::draw().then_some(t);
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     // The common case once the quota is filled: nothing sampled is in
@@ -433,7 +387,7 @@ extern "C" fn on_exit(id: ProbeId) {
             let c = &store.counts;
             Counters::add_own(&c.unmatched_exits, 1);
             Counters::add_own(&c.toggles, u64::from(switched));
-            Counters::add_own(&c.handler_ticks, tsc::now() - t);
+            handler_time::stop(&c.handler_ticks, timed);
         });
         if counted.is_none() {
             // An exiting thread: its own counters are gone.
@@ -463,7 +417,7 @@ extern "C" fn on_exit(id: ProbeId) {
                 {
                     Counters::add_own(&store.counts.toggles, 1);
                 }
-                Counters::add_own(&store.counts.handler_ticks, tsc::now() - t);
+                handler_time::stop(&store.counts.handler_ticks, timed);
                 return;
             }
         }
@@ -501,7 +455,7 @@ extern "C" fn on_exit(id: ProbeId) {
         if left <= 0 && f.exhausted.load(Ordering::Acquire) && exit_off(p, f, id) {
             Counters::add_own(&c.toggles, 1);
         }
-        Counters::add_own(&c.handler_ticks, tsc::now() - t);
+        handler_time::stop(&c.handler_ticks, timed);
     });
     if r.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
@@ -752,7 +706,7 @@ pub(crate) fn fork_child() {
         }
     });
     paths_may_change(p);
-    let me = LOCAL.try_with(|l| l.0.clone()).ok();
+    let me = local::current();
     let mut threads = p.threads.lock();
     threads.retain(|t| me.as_ref().is_some_and(|m| Arc::ptr_eq(m, t)));
     for t in threads.iter() {

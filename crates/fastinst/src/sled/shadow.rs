@@ -82,42 +82,16 @@ struct Stack {
 
 const BYTES: usize = std::mem::size_of::<Stack>();
 
-// This thread's shadow stack: one word of initial-exec TLS (see hooks.rs
-// for why not `thread_local!`), read on every sled invocation.
-core::arch::global_asm!(
-    ".pushsection .tbss,\"awT\",@nobits",
-    ".p2align 3",
-    ".type fastinst_sled_shadow,@object",
-    ".size fastinst_sled_shadow,8",
-    "fastinst_sled_shadow:",
-    ".zero 8",
-    ".popsection",
-);
-
+// This thread's shadow stack: a static TLS word ([`crate::tls`]), read on
+// every sled invocation.
 #[inline(always)]
 fn tls_get() -> *mut Stack {
-    let v: usize;
-    // SAFETY: reads this thread's copy of the TLS word above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_sled_shadow@GOTTPOFF]",
-            "mov {v}, qword ptr fs:[{t}]",
-            t = out(reg) _, v = out(reg) v, options(nostack, readonly, preserves_flags)
-        )
-    };
-    v as *mut Stack
+    crate::tls::sled_shadow() as *mut Stack
 }
 
 #[inline(always)]
 fn tls_set(p: *mut Stack) {
-    // SAFETY: writes this thread's copy of the TLS word above.
-    unsafe {
-        core::arch::asm!(
-            "mov {t}, qword ptr [rip + fastinst_sled_shadow@GOTTPOFF]",
-            "mov qword ptr fs:[{t}], {v}",
-            t = out(reg) _, v = in(reg) p as usize, options(nostack, preserves_flags)
-        )
-    };
+    crate::tls::set_sled_shadow(p as u64)
 }
 
 static KEY: std::sync::OnceLock<Option<libc::pthread_key_t>> = std::sync::OnceLock::new();
@@ -259,7 +233,7 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
 pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64) {
-    if hooks::guard_get() {
+    if crate::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
         return;
@@ -364,7 +338,7 @@ pub(crate) extern "C" fn sled_return(cfa: u64) -> u64 {
     // the address it returns through.
     unsafe { slot.write(e.orig) };
     EXITS.fetch_add(1, Ordering::Relaxed);
-    if !hooks::guard_get() {
+    if !crate::tls::guard_get() {
         hooks::fire(e.exit, caller, slot as u64, cfa);
     }
     e.orig

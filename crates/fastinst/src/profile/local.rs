@@ -1,0 +1,87 @@
+//! Each thread's [`ThreadStore`], found from the handlers in one load.
+//!
+//! A `thread_local!` owns the store (its destructor drops the frames a
+//! thread that exits leaves open); a static TLS word mirrors a pointer to
+//! it ([`crate::tls`]), because the `thread_local!` access in a shared
+//! object is a `__tls_get_addr` call, twice per sample. The word is set when
+//! the store is first reached and cleared by the destructor before the
+//! store can go, so a non-zero word always points at a live store.
+
+use super::thread::{Agg, Shadow};
+use super::{get, Counters, ThreadStore};
+use parking_lot::Mutex;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+struct Local(Arc<ThreadStore>);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        crate::tls::set_profile_store(0);
+        // The thread is exiting: its open frames will never exit.
+        // SAFETY: the destructor runs on the owning thread, and with the
+        // word above cleared no handler reaches the shadow stack after it.
+        let sh = unsafe { &mut *self.0.shadow.get() };
+        if let Some(p) = get() {
+            for fr in sh.frames.drain(..) {
+                if let Some(f) = p.funcs.get(fr.func) {
+                    f.outstanding.fetch_sub(1, Ordering::Relaxed);
+                }
+                p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.0.exited.store(true, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static LOCAL: Local = Local(new_store());
+}
+
+fn new_store() -> Arc<ThreadStore> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let s = Arc::new(ThreadStore {
+        tid,
+        shadow: UnsafeCell::new(Shadow::new()),
+        agg: Mutex::new(Agg::default()),
+        exited: AtomicBool::new(false),
+        counts: Counters::default(),
+    });
+    if let Some(p) = get() {
+        p.threads.lock().push(s.clone());
+    }
+    s
+}
+
+/// Runs `f` on this thread's store; `None` while the thread is exiting.
+#[inline(always)]
+pub(super) fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
+    let p = crate::tls::profile_store() as *const ThreadStore;
+    if !p.is_null() {
+        // SAFETY: a non-zero word points at this thread's store, which its
+        // `Local` keeps alive until it clears the word. Only this thread
+        // reaches its own shadow stack, and no handler re-enters (the
+        // hook's recursion guard).
+        return Some(unsafe { f(&*p, &mut *(*p).shadow.get()) });
+    }
+    first_use(f)
+}
+
+#[cold]
+fn first_use<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
+    LOCAL
+        .try_with(|l| {
+            crate::tls::set_profile_store(Arc::as_ptr(&l.0) as u64);
+            // SAFETY: as in `with_local`.
+            let sh = unsafe { &mut *l.0.shadow.get() };
+            f(&l.0, sh)
+        })
+        .ok()
+}
+
+/// This thread's store, if it has one and is not exiting.
+pub(super) fn current() -> Option<Arc<ThreadStore>> {
+    LOCAL.try_with(|l| l.0.clone()).ok()
+}
