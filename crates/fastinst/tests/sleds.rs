@@ -215,6 +215,69 @@ fn shared_library_linked_and_dlopened() {
     assert_eq!(calls_of(&files[0], "local"), Some(2));
 }
 
+/// `dlopen` is interposed so that the sled watcher thread starts only then;
+/// glibc must still resolve a bare name against the *program's*
+/// `DT_RUNPATH` (`$ORIGIN/sub`), and a program that loads nothing must run
+/// with no thread of the runtime's.
+#[test]
+fn dlopen_by_name_keeps_the_callers_runpath_and_starts_the_watcher() {
+    let dir = scratch("sled-origin");
+    let sub = dir.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let so = |name: &str| {
+        build(
+            "gcc",
+            &[&src("lib.c")],
+            &["-O2", "-shared", "-fPIC", SLED],
+            &sub.join(name),
+        );
+    };
+    so("libdemo.so");
+    so("copy.so");
+    let inst = dir.join("uselib");
+    let l = format!("-L{}", sub.display());
+    build(
+        "gcc",
+        &[&src("uselib.c")],
+        &[
+            "-O2",
+            SLED,
+            &l,
+            "-ldemo",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN/sub",
+            "-ldl",
+        ],
+        &inst,
+    );
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    // No library loaded: no watcher thread.
+    let o = run(&inst, &[], &dir, true, &[("FASTINST_TOOL", "count")]);
+    let out = ok_stdout(&o, "no dlopen");
+    assert!(!out.contains("dlopen round"), "{out}");
+    assert!(stderr(&o).contains("threads before dlopen: 1\n"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("threads after dlopen: 1\n"), "{}", stderr(&o));
+    for f in count_files(&dir) {
+        std::fs::remove_file(f).unwrap();
+    }
+    // `copy.so` by bare name: found only through the program's RUNPATH.
+    let o = run(&inst, &["copy.so"], &dir, true, &[("FASTINST_TOOL", "count")]);
+    let out = ok_stdout(&o, "dlopen by name");
+    assert!(out.contains("dlopen round 2"), "{out}");
+    assert!(stderr(&o).contains("threads before dlopen: 1\n"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("threads after dlopen: 2\n"), "{}", stderr(&o));
+    let files = count_files(&dir);
+    assert_eq!(files.len(), 1);
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    // Twice from the linked library; the copy's rounds as the watcher, now
+    // started, registers it (see `shared_library_linked_and_dlopened`).
+    let entry: u64 = text
+        .lines()
+        .filter(|l| l.split('\t').nth(1) == Some("lib_entry"))
+        .map(|l| l.split('\t').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!((3..=5).contains(&entry), "copy registered after dlopen: {text}");
+}
+
 #[test]
 fn eight_threads_while_every_probe_toggles_at_every_split() {
     let dir = scratch("sled-toggle");

@@ -11,10 +11,16 @@
 //! front, not on first call. The preload library calls [`load`] from its
 //! constructor and, when the program has sleds, from a watcher thread that
 //! looks at the loader's module counter every 10 ms, so a library
-//! `dlopen`ed later has its probes within about 10 ms. (Interposing
-//! `dlopen` would be sooner, but it would make `libfastinst.so` the caller
-//! glibc resolves the application's `DT_RUNPATH` and `$ORIGIN` against.)
-//! A program that links the crate calls [`load`] itself.
+//! `dlopen`ed later has its probes within about 10 ms. The thread starts at
+//! the program's first `dlopen` or `dlmopen` (interposed by a stub that
+//! leaves the caller's return address for glibc, which resolves
+//! `DT_RUNPATH` and `$ORIGIN` against it), so a program that loads no
+//! library runs with no thread of ours: a second thread, even a sleeping
+//! one, makes glibc lock its arena in `malloc` and `free` for the rest of
+//! the run (QuickJS's sled build, every probe off: ~15% more CPU here).
+//! Registering in the stub after the load would be sooner, but the stub
+//! cannot regain control without replacing the return address glibc
+//! reads. A program that links the crate calls [`load`] itself.
 //!
 //! An entry probe runs its handler from the entry trampoline; an exit probe
 //! is a substituted return address ([`shadow`]). Everything else (the API,
@@ -284,6 +290,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
 }
 
 static WATCHING: AtomicBool = AtomicBool::new(false);
+static WATCH_ON_DLOPEN: AtomicBool = AtomicBool::new(false);
 
 /// Starts the thread that registers the sleds of libraries loaded later
 /// (once; see the module doc).
@@ -292,6 +299,22 @@ pub fn watch() {
         return;
     }
     spawn_watcher();
+}
+
+/// Starts the watcher ([`watch`]) when the program first calls `dlopen`
+/// or `dlmopen` (the preload library interposes both), not before: most
+/// programs never load a library, and a thread, even one that only
+/// sleeps, puts glibc in its multi-threaded mode for the rest of the run
+/// (its `malloc` and `free` then take the arena lock).
+pub fn watch_from_first_dlopen() {
+    WATCH_ON_DLOPEN.store(true, Ordering::Release);
+}
+
+/// A library is about to be loaded (the interposed `dlopen`).
+pub(crate) fn library_loading() {
+    if WATCH_ON_DLOPEN.load(Ordering::Acquire) && !WATCHING.load(Ordering::Relaxed) {
+        let _ = std::panic::catch_unwind(watch);
+    }
 }
 
 fn spawn_watcher() {
