@@ -15,9 +15,9 @@ pub enum Error {
         /// The site's form.
         form: crate::Form,
         /// The bytes found.
-        found: Vec<u8>,
+        found: wordpatch::CodeBytes,
         /// The active form expected.
-        on: Vec<u8>,
+        on: wordpatch::CodeBytes,
     },
     /// The bytes at the site do not start a call-site form this crate toggles.
     #[error("bytes at {site:#x} are {found:02x?}: not call rel32, call [rip+disp32] or jmp rel32")]
@@ -25,7 +25,7 @@ pub enum Error {
         /// The site.
         site: usize,
         /// The bytes found.
-        found: Vec<u8>,
+        found: wordpatch::CodeBytes,
     },
     /// Paper mode at a 1|4 split needs a `ret` trampoline within ±2 GiB and
     /// none could be placed (the address space near the site is full).

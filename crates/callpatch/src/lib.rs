@@ -100,7 +100,7 @@ pub unsafe fn deactivate_call_with(site: *mut u8, mode: Mode) -> Result<(), Erro
     if call.form() != Form::CallRel32 {
         return Err(Error::UnknownForm {
             site: site as usize,
-            found: call.current(),
+            found: wordpatch::CodeBytes::new(&call.current()),
         });
     }
     call.deactivate(mode)

@@ -50,7 +50,7 @@ impl CallSite {
         let s = unsafe { Self::prepared(site, form, operand)? };
         let cur = s.current();
         if cur != s.on() && s.inactive_mode(&cur).is_none() {
-            return Err(s.unexpected(&cur));
+            return Err(s.unexpected_now());
         }
         Ok(s)
     }
@@ -103,7 +103,7 @@ impl CallSite {
         unsafe { read_code(site, &mut b) };
         let (form, op) = Form::decode(&b).ok_or(Error::UnknownForm {
             site: site as usize,
-            found: b.to_vec(),
+            found: wordpatch::CodeBytes::new(&b),
         })?;
         // SAFETY: forwarded contract.
         unsafe { Self::new(site, form, op) }
@@ -161,12 +161,18 @@ impl CallSite {
             .find(|&m| self.off(m) == Some(cur))
     }
 
-    fn unexpected(&self, cur: &[u8]) -> Error {
+    /// The refusal for the bytes the site holds now. Reads them into a
+    /// stack buffer: a refused toggle must not allocate.
+    fn unexpected_now(&self) -> Error {
+        let mut b = [0u8; MAX_FORM_LEN];
+        let cur = &mut b[..self.form.len()];
+        // SAFETY: the site's pages were checked mapped in `new`.
+        unsafe { read_code(self.addr as *const u8, cur) };
         Error::Unexpected {
             site: self.addr,
             form: self.form,
-            found: cur.to_vec(),
-            on: self.on().to_vec(),
+            found: wordpatch::CodeBytes::new(cur),
+            on: wordpatch::CodeBytes::new(self.on()),
         }
     }
 
@@ -210,7 +216,7 @@ impl CallSite {
         if self.rewrite(v, self.on_word, v.off_word) || self.snapshot() == v.off_word {
             return Ok(());
         }
-        Err(self.unexpected(&self.current()))
+        Err(self.unexpected_now())
     }
 
     /// Switches the site on from whichever inactive form it holds. A site
@@ -228,6 +234,6 @@ impl CallSite {
         if self.snapshot() == self.on_word {
             return Ok(());
         }
-        Err(self.unexpected(&self.current()))
+        Err(self.unexpected_now())
     }
 }

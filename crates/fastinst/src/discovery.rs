@@ -121,6 +121,25 @@ impl State {
         }
     }
 
+    /// Publishes the size of the function starting at `f` in the site
+    /// table ([`key::extent`]) if its symbol gives one and it is not there
+    /// yet: a lock-free lookup for the profiler's handlers and sampler,
+    /// which may not take the discovery lock.
+    pub(crate) fn publish_extent(&self, f: u64) {
+        if sitetable::get(key::extent(f)).is_some() {
+            return;
+        }
+        let size = self
+            .modules
+            .find(f)
+            .and_then(|m| m.function(f))
+            .filter(|s| s.start == f)
+            .and_then(|s| u32::try_from(s.end() - f).ok());
+        if let Some(size) = size {
+            sitetable::insert(key::extent(f), size);
+        }
+    }
+
     pub(crate) fn name_of(&mut self, f: u64) -> &'static CStr {
         if let Some(n) = self.names.get(&f) {
             return n;
@@ -253,6 +272,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         return None;
     }
     let name = s.name_of(this_fn);
+    s.publish_extent(this_fn);
     let module = site
         .and_then(|t| s.modules.find(t.addr))
         .or_else(|| s.modules.find(this_fn))

@@ -6,7 +6,7 @@
 //! looked up in the lock-free site table; otherwise a function key (tail
 //! jumps, unrecognised sites); only then the slow path, discovery. No locks,
 //! allocation or system calls before discovery. The recursion guard and the
-//! hook context are static TLS slots ([`crate::tls`]), so they work in
+//! hook context are static TLS slots (`tls.rs`), so they work in
 //! threads that are exiting and in signal handlers.
 
 use crate::probe::ProbeId;

@@ -38,6 +38,7 @@ mod prefetch;
 mod preload;
 pub mod probe;
 pub mod profile;
+mod rawthread;
 pub mod registry;
 mod segmented;
 pub mod sitetable;

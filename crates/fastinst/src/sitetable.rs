@@ -32,6 +32,11 @@ pub(crate) mod key {
     pub fn tails_ambiguous(f: u64) -> u64 {
         (1 << 62) | (2 << 56) | f
     }
+    /// The size of the function starting at `f`, from its symbol
+    /// (published by discovery before any callback hears of its probes).
+    pub fn extent(f: u64) -> u64 {
+        (1 << 62) | (3 << 56) | f
+    }
     /// A site or rewritten instruction the runtime patches, by address;
     /// the value is its length (the decode overlay) or its probe id.
     pub fn patched(addr: u64) -> u64 {

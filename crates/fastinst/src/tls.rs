@@ -162,6 +162,23 @@ word_slot!(
     "the state of this thread's handler-timing draw"
 );
 
+/// How far below the thread pointer these slots reach: what a thread
+/// with a TLS block of its own ([`crate::rawthread`]) must map for them.
+pub(crate) fn depth() -> usize {
+    let (a, b): (isize, isize);
+    // SAFETY: reads the link-time offsets of two slots from the GOT; no TLS
+    // memory is touched.
+    unsafe {
+        core::arch::asm!(
+            "mov {a}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
+            "mov {b}, qword ptr [rip + fastinst_handler_clock@GOTTPOFF]",
+            a = out(reg) a, b = out(reg) b, options(nostack, readonly, preserves_flags)
+        )
+    };
+    // Variant II: offsets are negative; a slot spans [tp + off, tp + off + 24).
+    (-a.min(b)).max(0) as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

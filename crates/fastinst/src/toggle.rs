@@ -91,6 +91,19 @@ pub(crate) unsafe fn word_store(id: ProbeId, at: *mut u8, new: &[u8], old: &[u8]
 }
 
 /// Switches `p`'s code on or off. The caller holds the probe lock.
+/// Whether switching `p` on would take a word patch: its code is off in a
+/// form a word strategy wrote (or, for a sled, the sled's code is). The
+/// profiler's raw sampler, which must not enter libc, leaves those alone
+/// (a word patch may wait with a system call through libc).
+pub(crate) fn activation_needs_word_patch(p: &Probe) -> bool {
+    let code = match p.sled {
+        Some(sled) => sled.code.load(Ordering::Relaxed),
+        None if p.site.is_none() => return false,
+        None => p.state.load(Ordering::Relaxed),
+    };
+    code & ON == 0 && matches!(Strategy::from_u8(code & !ON), Strategy::WordSync | Strategy::WordAsync)
+}
+
 pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
     if let Some(sled) = p.sled {
         return crate::sled::set_code(p, sled, on);

@@ -53,9 +53,9 @@ pub enum Error {
         /// The site.
         site: usize,
         /// What the code holds.
-        found: Vec<u8>,
+        found: crate::CodeBytes,
         /// What the caller said it holds.
-        expected: Vec<u8>,
+        expected: crate::CodeBytes,
     },
     /// The INT3 lock cannot be told apart from a straddling patch whose new
     /// first byte is itself INT3, so such a patch is refused.

@@ -27,6 +27,7 @@
 //! the model, which this project tests by stress (`stress` crate).
 #![warn(missing_docs)]
 
+mod code_bytes;
 mod config;
 mod error;
 mod finisher;
@@ -40,6 +41,7 @@ pub mod tsc;
 mod wait;
 mod writable;
 
+pub use code_bytes::CodeBytes;
 pub use config::{config_path, ConfigError, MachineConfig};
 pub use error::Error;
 pub use finisher::Finisher;

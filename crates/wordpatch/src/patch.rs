@@ -178,8 +178,8 @@ fn drive(t: Ticket) {
 fn unexpected(site: usize, found: &[u8], expected: &[u8]) -> Error {
     Error::Unexpected {
         site,
-        found: found.to_vec(),
-        expected: expected.to_vec(),
+        found: crate::CodeBytes::new(found),
+        expected: crate::CodeBytes::new(expected),
     }
 }
 

@@ -189,13 +189,42 @@ impl Func {
 /// A function's probes, (id, is entry). The first two (one copy's entry
 /// and exit, all that most functions have) are kept inline, beside the
 /// function's hot line, for the daemon that re-arms them every epoch;
-/// more go to a locked list. Pushes are serialised by the discovery lock.
+/// more go to a spin-locked list. Pushes are serialised by the discovery
+/// lock.
 #[derive(Default)]
 pub(crate) struct FuncProbes {
     len: AtomicU32,
     /// Probe id, with [`ENTRY_BIT`] for an entry probe.
     inline: [AtomicU32; 2],
-    more: parking_lot::Mutex<Vec<(u32, bool)>>,
+    more: SpinVec,
+}
+
+/// The probes past the inline two, behind a spin lock held for one push or
+/// one short copy. Never parked on: the sampler may run where parking
+/// cannot ([`FuncProbes::for_each`]).
+#[derive(Default)]
+struct SpinVec {
+    lock: AtomicBool,
+    v: std::cell::UnsafeCell<Vec<(u32, bool)>>,
+}
+
+// SAFETY: `v` is only reached through `with`, under `lock`.
+unsafe impl Sync for SpinVec {}
+
+impl SpinVec {
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<(u32, bool)>) -> R) -> R {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the lock is held; no other reference to `v` exists.
+        let r = f(unsafe { &mut *self.v.get() });
+        self.lock.store(false, Ordering::Release);
+        r
+    }
 }
 
 /// Probe ids are below [`crate::registry::MAX_PROBES`] (2^24), so the top
@@ -209,20 +238,38 @@ impl FuncProbes {
         let n = self.len.load(Ordering::Relaxed) as usize;
         match self.inline.get(n) {
             Some(slot) => slot.store(id | if entry { ENTRY_BIT } else { 0 }, Ordering::Relaxed),
-            None => self.more.lock().push((id, entry)),
+            None => self.more.with(|v| v.push((id, entry))),
         }
         self.len.store(n as u32 + 1, Ordering::Release);
     }
 
-    /// Copies the probes into `out`.
-    pub(crate) fn copy_into(&self, out: &mut Vec<(u32, bool)>) {
+    /// Calls `f` with each probe (id, is entry), allocating nothing and
+    /// never parking: the sampler may run on a thread the C library does
+    /// not know ([`crate::rawthread`]), where a parked lock would reach
+    /// for thread-local state it does not have. The list's lock is released
+    /// before `f` runs.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(u32, bool)) {
         let n = self.len.load(Ordering::Acquire) as usize;
         for slot in &self.inline[..n.min(self.inline.len())] {
             let v = slot.load(Ordering::Relaxed);
-            out.push((v & !ENTRY_BIT, v & ENTRY_BIT != 0));
+            f(v & !ENTRY_BIT, v & ENTRY_BIT != 0);
         }
-        if n > self.inline.len() {
-            out.extend_from_slice(&self.more.lock());
+        let mut done = 0;
+        while self.inline.len() + done < n {
+            let mut chunk = [(0u32, false); 32];
+            let k = self.more.with(|more| {
+                let rest = more.get(done..).unwrap_or(&[]);
+                let k = rest.len().min(chunk.len());
+                chunk[..k].copy_from_slice(&rest[..k]);
+                k
+            });
+            if k == 0 {
+                break;
+            }
+            for &(id, entry) in &chunk[..k] {
+                f(id, entry);
+            }
+            done += k;
         }
     }
 }
@@ -260,18 +307,34 @@ impl Exhausted {
         }
     }
 
-    /// Takes every function pushed so far into `out` (most recent first).
-    pub(crate) fn take_into(&self, funcs: impl Fn(u32) -> Option<&'static Func>, out: &mut Vec<u32>) {
-        let mut next = self.head.swap(0, Ordering::Acquire);
-        while let Some(fi) = next.checked_sub(1) {
-            out.push(fi);
-            next = funcs(fi).map_or(0, |f| f.next_exhausted.load(Ordering::Relaxed));
+    /// Takes every function pushed so far (most recent first), as an
+    /// iterator that reads each link when it yields the function before it:
+    /// the caller may reopen a function's window once it has moved past it.
+    pub(crate) fn take<F: Fn(u32) -> Option<&'static Func>>(&self, funcs: F) -> Taken<F> {
+        Taken {
+            next: self.head.swap(0, Ordering::Acquire),
+            funcs,
         }
     }
 
     /// Forgets the list (a forked child, whose functions were all reset).
     pub(crate) fn clear(&self) {
         self.head.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The functions [`Exhausted::take`] took.
+pub(crate) struct Taken<F> {
+    next: u32,
+    funcs: F,
+}
+
+impl<F: Fn(u32) -> Option<&'static Func>> Iterator for Taken<F> {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        let fi = self.next.checked_sub(1)?;
+        self.next = (self.funcs)(fi).map_or(0, |f| f.next_exhausted.load(Ordering::Relaxed));
+        Some(fi)
     }
 }
 
@@ -391,9 +454,22 @@ mod tests {
         for (i, &(id, entry)) in want.iter().enumerate() {
             probes.push(id, entry);
             let mut out = Vec::new();
-            probes.copy_into(&mut out);
+            probes.for_each(|id, entry| out.push((id, entry)));
             assert_eq!(out, want[..=i]);
         }
+    }
+
+    #[test]
+    fn a_function_with_many_probes_lists_them_all_in_order() {
+        // Past the two inline ones, the list is copied out 32 at a time.
+        let probes = FuncProbes::default();
+        let want: Vec<(u32, bool)> = (0..100).map(|i| (i * 3, i % 2 == 0)).collect();
+        for &(id, entry) in &want {
+            probes.push(id, entry);
+        }
+        let mut out = Vec::new();
+        probes.for_each(|id, entry| out.push((id, entry)));
+        assert_eq!(out, want);
     }
 
     #[test]
@@ -410,12 +486,9 @@ mod tests {
                 });
             }
         });
-        let mut out = Vec::new();
-        list.take_into(|i| funcs.get(i as usize), &mut out);
+        let mut out: Vec<u32> = list.take(|i| funcs.get(i as usize)).collect();
         out.sort_unstable();
         assert_eq!(out, (0..64).collect::<Vec<_>>());
-        out.clear();
-        list.take_into(|i| funcs.get(i as usize), &mut out);
-        assert!(out.is_empty());
+        assert_eq!(list.take(|i| funcs.get(i as usize)).count(), 0);
     }
 }

@@ -7,10 +7,13 @@
 //! from inside its own handler (one callpatch store: cheap and safe, the
 //! hook call is already under way). The exit probe stays on until the
 //! function's sampled calls in flight have exited, then switches itself off.
-//! A daemon thread re-activates exhausted functions every epoch
+//! A sampler thread re-activates exhausted functions every epoch
 //! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
-//! call estimate ([`functions`]). Pairing, call paths and their limits are
-//! in [`thread`]; the reports in [`report`].
+//! call estimate ([`functions`]). It is made with `clone(2)`, unknown to
+//! glibc, which therefore keeps its single-threaded `malloc` in a
+//! single-threaded program (`rawthread.rs`, [`Sampler`]); so its epoch
+//! allocates nothing and never parks. Pairing, call paths
+//! and their limits are in [`thread`]; the reports in [`report`].
 
 mod decimal;
 mod flame;
@@ -27,6 +30,8 @@ mod thread;
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
 use crate::registry;
 use crate::segmented::Segmented;
+use crate::sitetable::{self, key};
+use crate::Strategy;
 use functions::{Exhausted, Func};
 use local::with_local;
 use parking_lot::Mutex;
@@ -49,6 +54,21 @@ pub struct Settings {
     pub epoch: Duration,
     /// Signal that writes the reports on demand (0: none).
     pub signal: i32,
+    /// What kind of thread the sampler is.
+    pub sampler: Sampler,
+}
+
+/// The sampler thread's kind (`FASTINST_PROFILE_SAMPLER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sampler {
+    /// `clone`, the default: a thread the C library does not know
+    /// (`rawthread.rs`), so a single-threaded program keeps glibc's
+    /// single-threaded `malloc`. Used unless an on-demand report signal is
+    /// set (the sampler writes that report, which allocates) or the
+    /// strategy is a word strategy (whose waits may enter libc).
+    Clone,
+    /// `pthread`: a regular thread, as a debugger expects one.
+    Pthread,
 }
 
 impl Default for Settings {
@@ -57,14 +77,16 @@ impl Default for Settings {
             samples: 10,
             epoch: Duration::from_millis(10),
             signal: 0,
+            sampler: Sampler::Clone,
         }
     }
 }
 
 impl Settings {
-    /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS` and
-    /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number); an invalid
-    /// value is reported and the default kept.
+    /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS`,
+    /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number) and
+    /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`); an invalid value is
+    /// reported and the default kept.
     pub fn from_env() -> Settings {
         let mut s = Settings::default();
         if let Ok(v) = std::env::var("FASTINST_PROFILE_SAMPLES") {
@@ -80,6 +102,15 @@ impl Settings {
                 Ok(ms) if ms > 0.0 && ms <= 60_000.0 => s.epoch = Duration::from_secs_f64(ms / 1000.0),
                 _ => crate::log::error(format_args!(
                     "FASTINST_PROFILE_EPOCH_MS: `{v}` is not a number of ms in (0, 60000]; using 10"
+                )),
+            }
+        }
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_SAMPLER") {
+            match v.trim() {
+                "clone" => s.sampler = Sampler::Clone,
+                "pthread" => s.sampler = Sampler::Pthread,
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_SAMPLER: `{v}` is not clone or pthread; using clone"
                 )),
             }
         }
@@ -181,6 +212,9 @@ pub(crate) struct Profiler {
     pub start: Mutex<(u64, Instant)>,
     stop: AtomicBool,
     dump: AtomicBool,
+    /// Probes the raw sampler left off because switching them on takes a
+    /// word patch (a sled with no `ret` trampoline in reach).
+    rearm_skipped: AtomicU64,
     pub out: PathBuf,
     pub program: String,
 }
@@ -476,6 +510,9 @@ fn discovered(m: &ProbeMeta) {
                     return;
                 };
                 map.insert(m.function, fi);
+                if let Some(f) = p.funcs.get(fi) {
+                    f.end.store(function_end(m.function), Ordering::Release);
+                }
                 fi
             }
         }
@@ -491,45 +528,32 @@ fn discovered(m: &ProbeMeta) {
     }
 }
 
-/// Fills in function ends from the symbol tables (not under the discovery
-/// callback, which runs with the discovery lock held).
-fn resolve_ends(p: &Profiler, from: &mut u32) {
-    let n = p.funcs.len();
-    if *from >= n {
-        return;
-    }
-    crate::discovery::with_state(|st| {
-        for i in *from..n {
-            if let Some(f) = p.funcs.get(i) {
-                let end = st
-                    .modules
-                    .find(f.addr as u64)
-                    .and_then(|m| m.function(f.addr as u64))
-                    .map(|s| s.end() as usize)
-                    .unwrap_or(usize::MAX);
-                f.end.store(end, Ordering::Release);
-            }
-        }
-    });
-    // Whether a caller is direct depends on the extents: a path worked out
-    // before this point may read differently now.
-    paths_may_change(p);
-    *from = n;
+/// One past the last byte of the function at `f`, from the extent
+/// discovery published ([`key::extent`]); `usize::MAX` when no symbol
+/// gives it (then no return address is taken for its inlined copies').
+fn function_end(f: usize) -> usize {
+    sitetable::get(key::extent(f as u64)).map_or(usize::MAX, |size| f + size as usize)
 }
 
 /// Opens `f`'s next window and switches its probes back on, exits first
 /// so that no sampled entry misses its exit; returns how many it switched.
-/// `probes` is scratch.
-fn rearm(p: &Profiler, f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
+/// On the raw sampler (`raw`) a probe whose switch would take a word patch
+/// is left off and counted ([`Profiler::rearm_skipped`]).
+fn rearm(p: &Profiler, f: &Func, raw: bool) -> u64 {
     let mut toggles = 0;
-    probes.clear();
-    f.probes.copy_into(probes);
     for entry in [false, true] {
         if entry {
             f.open_window(tsc::now());
         }
-        for &(id, _) in probes.iter().filter(|x| x.1 == entry) {
+        f.probes.for_each(|id, is_entry| {
+            if is_entry != entry {
+                return;
+            }
             let h: crate::Handler = if entry { on_entry } else { on_exit };
+            if raw && registry::get(id).is_some_and(crate::toggle::activation_needs_word_patch) {
+                p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
                 if !entry {
                     // Calls entered while it was off would otherwise look
@@ -538,7 +562,7 @@ fn rearm(p: &Profiler, f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
                 }
                 toggles += 1;
             }
-        }
+        });
     }
     toggles
 }
@@ -547,45 +571,80 @@ fn rearm(p: &Profiler, f: &Func, probes: &mut Vec<(u32, bool)>) -> u64 {
 /// function's lines, then its probes' (registry entry and site). A
 /// function is re-armed once per epoch, so all of it is cold; one by one,
 /// each of ~100 functions per epoch waited for ~10 misses in turn (the
-/// daemon was ~1% of SQLite's run). `probes` is scratch.
-fn prefetch_epoch(p: &Profiler, due: &[u32], probes: &mut Vec<(u32, bool)>) {
+/// sampler was ~1% of SQLite's run).
+fn prefetch_epoch(p: &Profiler, due: &[u32]) {
     for f in due.iter().filter_map(|&i| p.funcs.get(i)) {
         crate::prefetch::object(f);
     }
     for f in due.iter().filter_map(|&i| p.funcs.get(i)) {
-        probes.clear();
-        f.probes.copy_into(probes);
-        for &(id, _) in probes.iter() {
-            registry::prefetch_for_toggle(id);
+        f.probes.for_each(|id, _| registry::prefetch_for_toggle(id));
+    }
+}
+
+/// Functions the sampler re-arms per batch (its one buffer, sized once).
+const BATCH: usize = 1024;
+
+/// One epoch of the sampler: closes the window of every function whose
+/// quota filled and switches its probes back on.
+///
+/// It allocates nothing and takes no lock that parks, so it can run on a
+/// thread the C library does not know ([`crate::rawthread`]): `due` is
+/// filled up to its capacity, never past it.
+fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool) {
+    let now = tsc::now();
+    let mut toggles = 0;
+    // Each function's link is read (the iterator moves past it) before its
+    // window reopens (see `Exhausted`).
+    let mut taken = p.exhausted.take(|i| p.funcs.get(i));
+    loop {
+        due.clear();
+        while due.len() < due.capacity() {
+            match taken.next() {
+                Some(i) => due.push(i),
+                None => break,
+            }
+        }
+        if due.is_empty() {
+            break;
+        }
+        prefetch_epoch(p, due);
+        for &i in due.iter() {
+            let Some(f) = p.funcs.get(i) else { continue };
+            f.close_window(p.settings.samples, now);
+            toggles += rearm(p, f, raw);
+        }
+    }
+    // Once per epoch: the handlers update this counter too.
+    p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
+}
+
+/// The sampler as a regular thread: with an on-demand report signal
+/// (whose report it writes, which allocates), with a word strategy (whose
+/// waits may call into libc), or where `clone` failed.
+fn sampler_pthread() {
+    let Some(p) = get() else { return };
+    let mut due = Vec::with_capacity(BATCH);
+    while !p.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(p.settings.epoch);
+        epoch(p, &mut due, false);
+        if p.dump.swap(false, Ordering::AcqRel) {
+            write_reports(true);
         }
     }
 }
 
-fn daemon() {
+/// The sampler on a raw thread ([`crate::rawthread`]). `arg` is its batch
+/// buffer, a leaked `Vec<u32>` with capacity [`BATCH`].
+extern "C" fn sampler_raw(arg: usize) {
+    // SAFETY: `start_sampler` leaked this Vec for this thread alone.
+    let due = unsafe { &mut *(arg as *mut Vec<u32>) };
     let Some(p) = get() else { return };
-    let mut resolved = 0u32;
-    // Reused: no allocation per function per epoch.
-    let mut probes: Vec<(u32, bool)> = Vec::new();
-    let mut due: Vec<u32> = Vec::new();
     while !p.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(p.settings.epoch);
-        resolve_ends(p, &mut resolved);
-        let now = tsc::now();
-        let mut toggles = 0;
-        due.clear();
-        // Every link is read before any window reopens (see `Exhausted`).
-        p.exhausted.take_into(|i| p.funcs.get(i), &mut due);
-        prefetch_epoch(p, &due, &mut probes);
-        for &i in &due {
-            let Some(f) = p.funcs.get(i) else { continue };
-            f.close_window(p.settings.samples, now);
-            toggles += rearm(p, f, &mut probes);
+        crate::rawthread::sleep(p.settings.epoch);
+        if p.stop.load(Ordering::Relaxed) {
+            break;
         }
-        // Once per epoch: the handlers update this counter too.
-        p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
-        if p.dump.swap(false, Ordering::AcqRel) {
-            write_reports(true);
-        }
+        epoch(p, due, true);
     }
 }
 
@@ -611,6 +670,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         start: Mutex::new((tsc::now(), Instant::now())),
         stop: AtomicBool::new(false),
         dump: AtomicBool::new(false),
+        rearm_skipped: AtomicU64::new(0),
         out,
         program,
     });
@@ -618,7 +678,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         return Ok(());
     }
     crate::on_discovery(discovered)?;
-    start_daemon();
+    start_sampler();
     if settings.signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.
         unsafe {
@@ -631,10 +691,26 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     Ok(())
 }
 
-fn start_daemon() {
+/// Starts the sampler: on a raw thread ([`crate::rawthread`]) unless the
+/// settings need a regular one (see [`Sampler`]) or `clone` fails.
+fn start_sampler() {
+    let Some(p) = get() else { return };
+    let word = matches!(crate::strategy(), Strategy::WordSync | Strategy::WordAsync);
+    if p.settings.sampler == Sampler::Clone && p.settings.signal == 0 && !word {
+        let due = Box::into_raw(Box::new(Vec::<u32>::with_capacity(BATCH))) as usize;
+        // SAFETY: `sampler_raw` and `epoch` allocate nothing, park on no
+        // lock and call no libc function (see `epoch`); the buffer is
+        // leaked to the thread, which runs until the process exits.
+        match unsafe { crate::rawthread::spawn(sampler_raw, due, crate::tls::depth()) } {
+            Ok(_) => return,
+            Err(e) => crate::log::warn(format_args!(
+                "profile: cannot start the raw sampler thread ({e}); using a regular thread"
+            )),
+        }
+    }
     if let Err(e) = std::thread::Builder::new()
         .name("fastinst-profile".into())
-        .spawn(daemon)
+        .spawn(sampler_pthread)
     {
         crate::log::error(format_args!(
             "profile: cannot start the sampling thread: {e}; probes stay on after their first 10 samples are taken"
@@ -687,11 +763,10 @@ pub(crate) fn fork_child() {
     // off: re-armed now, so the child's first calls are counted too (the
     // child is one thread until it returns from fork).
     p.exhausted.clear();
-    let mut probes = Vec::new();
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
             if f.reset(now) {
-                rearm(p, f, &mut probes);
+                rearm(p, f, false);
             }
         }
     }
@@ -715,7 +790,7 @@ pub(crate) fn fork_child() {
     }
     drop(threads);
     p.counters.reset();
-    start_daemon();
+    start_sampler();
 }
 
 /// Writes the reports (at exit, or on the signal) and prints where.
@@ -726,6 +801,12 @@ pub(crate) fn write_reports(on_demand: bool) {
     }
     if registry::count() == 0 {
         return;
+    }
+    let skipped = p.rearm_skipped.load(Ordering::Relaxed);
+    if skipped > 0 {
+        crate::log::warn(format_args!(
+            "profile: {skipped} re-activations skipped: those probes need a word patch, which the clone sampler does not make; FASTINST_PROFILE_SAMPLER=pthread samples them"
+        ));
     }
     let began = Instant::now();
     let r = report::collect(p);

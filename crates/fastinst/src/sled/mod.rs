@@ -241,6 +241,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         };
         let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call)));
         let name = s.name_of(*func);
+        s.publish_extent(*func);
         let split = wordpatch::split(sl.entry as usize, SLED_LEN) as u8;
         let mut pushed = [0u32; 2];
         for (k, kind) in [ProbeKind::Entry, ProbeKind::Exit].into_iter().enumerate() {

@@ -1,0 +1,244 @@
+//! A thread the C library does not know about, for the profiler's sampler.
+//!
+//! glibc switches to its multi-threaded mode at the first `pthread_create`
+//! and never switches back: from then on every `malloc` and `free` that
+//! misses the thread cache takes the arena lock, a locked instruction pair
+//! (QuickJS: +1.4% instructions, all of them in `malloc` and `free`, and
+//! about 15% more CPU time on this project's VM). A profiler whose sampler
+//! is a pthread charges that to every single-threaded program it profiles.
+//! A thread made with `clone(2)` directly leaves glibc in single-threaded
+//! mode; Go's runtime makes all its threads so.
+//!
+//! The price is that such a thread must never enter the C library: no
+//! `malloc`, stdio, `errno`, cancellation points, Rust `std` thread-locals,
+//! panics, or a lock that may park. Its code is atomics, the toggling code
+//! (which allocates nothing, not even for an error), and the two system
+//! calls made here ([`sleep`] and the exit).
+//!
+//! Its thread pointer points at a block of its own laid out as glibc lays
+//! out a thread's: the control block's self pointers, the stack-protector
+//! canary and pointer guard copied from the creating thread, and below it a
+//! zeroed static TLS area as deep as the runtime's own slots lie
+//! ([`crate::tls`]), so those slots are its own. The DTV pointer is null:
+//! a dynamic TLS access faults at once instead of reading another thread's
+//! data. Every signal is blocked in it (it inherits the mask set around
+//! `clone`), so no handler of the application ever runs on it.
+
+use std::io;
+
+/// Stack of a raw thread; the sampler needs a few KiB.
+const STACK: usize = 256 << 10;
+/// Bytes above the thread pointer: glibc's control block is ~0x700 bytes.
+const TCB: usize = 4096;
+
+/// The thread pointer of the calling thread (glibc stores it at `fs:0`).
+fn thread_pointer() -> usize {
+    let v: usize;
+    // SAFETY: reads the first word of this thread's control block, which
+    // glibc keeps pointing at itself.
+    unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) v, options(nostack, readonly, preserves_flags)) };
+    v
+}
+
+/// A word of the calling thread's control block.
+fn tcb_word(offset: usize) -> usize {
+    // SAFETY: glibc's x86-64 control block is at least 0x40 bytes and
+    // mapped for every thread; `offset` is one of the fixed fields below.
+    unsafe { *((thread_pointer() + offset) as *const usize) }
+}
+
+fn map(len: usize, prot: i32) -> io::Result<usize> {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is
+    // touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p as usize)
+    }
+}
+
+/// Sets this thread's signal mask with the system call itself (glibc's
+/// wrappers keep its own two signals unblocked), returning the old one.
+fn set_mask(mask: u64) -> u64 {
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask(SIG_SETMASK, &mask, &old, 8) reads and writes
+    // the two words given.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_rt_sigprocmask => _,
+            in("rdi") libc::SIG_SETMASK,
+            in("rsi") &mask as *const u64,
+            in("rdx") &mut old as *mut u64,
+            in("r10") 8usize,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+    old
+}
+
+/// Starts `entry(arg)` on a new raw thread; it exits when `entry` returns.
+/// `tls_depth` is how far below the thread pointer the TLS it may touch
+/// reaches (see [`crate::tls::depth`]). Returns the thread's id.
+///
+/// # Safety
+/// `entry` and everything it calls must keep to what the module doc
+/// allows, and `arg` must stay valid for as long as the thread runs.
+pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: usize) -> io::Result<i32> {
+    let page = 4096;
+    let guard_and_stack = map(page + STACK, libc::PROT_NONE)?;
+    // SAFETY: the stack part of the mapping just made; the first page
+    // stays PROT_NONE, a guard against overflow.
+    if unsafe {
+        libc::mprotect(
+            (guard_and_stack + page) as *mut libc::c_void,
+            STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let stack_top = (guard_and_stack + page + STACK) & !15;
+    // A margin past the runtime's own slots (untouched pages cost nothing):
+    // a slip into a neighbouring module's TLS lands in this block, not in
+    // another thread's memory or an unmapped page.
+    let below = tls_depth.div_ceil(page) * page + (1 << 20);
+    let block = map(below + TCB, libc::PROT_READ | libc::PROT_WRITE)?;
+    let tp = block + below;
+    // SAFETY: `tp` is the start of the TCB page of the block just mapped;
+    // the words written are glibc's x86-64 `tcbhead_t` fields: tcb (self),
+    // dtv (null), self, stack_guard, pointer_guard.
+    unsafe {
+        let w = tp as *mut usize;
+        *w = tp;
+        *w.add(1) = 0;
+        *w.add(2) = tp;
+        *w.add(5) = tcb_word(0x28);
+        *w.add(6) = tcb_word(0x30);
+    }
+    let flags = (libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM
+        | libc::CLONE_SETTLS
+        | libc::CLONE_PARENT_SETTID) as usize;
+    let mut tid: i32 = 0;
+    let old = set_mask(!0);
+    let ret: isize;
+    // SAFETY: clone(flags, stack, &tid, 0, tls). The child starts on its
+    // own stack with every register as here; it calls `entry(arg)` from
+    // r12/r13 (which the system call preserves) and exits the thread. It
+    // never returns into this function's frame. The parent continues
+    // below with `ret` the child's id or -errno.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r13",
+            "call r12",
+            "xor edi, edi",
+            "mov eax, 60",
+            "syscall",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone as isize => ret,
+            in("rdi") flags,
+            in("rsi") stack_top,
+            in("rdx") &mut tid as *mut i32,
+            in("r10") 0usize,
+            in("r8") tp,
+            in("r12") entry as usize,
+            in("r13") arg,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+    set_mask(old);
+    if ret < 0 {
+        // SAFETY: no thread was made; both mappings are ours alone.
+        unsafe {
+            libc::munmap(guard_and_stack as *mut libc::c_void, page + STACK);
+            libc::munmap(block as *mut libc::c_void, below + TCB);
+        }
+        return Err(io::Error::from_raw_os_error(-ret as i32));
+    }
+    Ok(ret as i32)
+}
+
+/// Sleeps for `d` on the monotonic clock with the system call itself (no
+/// libc: `nanosleep` is a cancellation point that reads glibc's thread
+/// state). Signals are blocked in a raw thread, so it is never cut short.
+pub(crate) fn sleep(d: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL) reads `ts`.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_clock_nanosleep => _,
+            in("rdi") libc::CLOCK_MONOTONIC,
+            in("rsi") 0usize,
+            in("rdx") &ts as *const libc::timespec,
+            in("r10") 0usize,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    extern "C" fn body(arg: usize) {
+        sleep(std::time::Duration::from_millis(1));
+        // Its own static TLS: the slot starts zeroed here, whatever the
+        // creating thread holds.
+        let own = crate::tls::handler_clock();
+        crate::tls::set_handler_clock(own + 1);
+        SEEN.store(((arg as u64) << 8) | crate::tls::handler_clock(), Ordering::Release);
+    }
+
+    #[test]
+    fn a_raw_thread_runs_with_its_own_tls_and_exits() {
+        crate::tls::set_handler_clock(41);
+        // SAFETY: `body` uses atomics, a TLS slot and `sleep` only.
+        let tid = unsafe { spawn(body, 7, crate::tls::depth()) }.expect("clone");
+        assert!(tid > 0);
+        let t0 = std::time::Instant::now();
+        while SEEN.load(Ordering::Acquire) == 0 {
+            assert!(t0.elapsed().as_secs() < 10, "the raw thread never ran");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(SEEN.load(Ordering::Acquire), (7 << 8) | 1);
+        assert_eq!(crate::tls::handler_clock(), 41, "the creating thread's slot is its own");
+        crate::tls::set_handler_clock(0);
+        // The thread is gone once /proc no longer lists it.
+        let task = format!("/proc/self/task/{tid}");
+        while std::path::Path::new(&task).exists() {
+            assert!(t0.elapsed().as_secs() < 10, "the raw thread never exited");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
