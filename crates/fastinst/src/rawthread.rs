@@ -214,15 +214,16 @@ mod tests {
     extern "C" fn body(arg: usize) {
         sleep(std::time::Duration::from_millis(1));
         // Its own static TLS: the slot starts zeroed here, whatever the
-        // creating thread holds.
-        let own = crate::tls::handler_clock();
-        crate::tls::set_handler_clock(own + 1);
-        SEEN.store(((arg as u64) << 8) | crate::tls::handler_clock(), Ordering::Release);
+        // creating thread holds (nothing follows the value: no sled runs
+        // on either thread).
+        let own = crate::tls::sled_shadow();
+        crate::tls::set_sled_shadow(own + 1);
+        SEEN.store(((arg as u64) << 8) | crate::tls::sled_shadow(), Ordering::Release);
     }
 
     #[test]
     fn a_raw_thread_runs_with_its_own_tls_and_exits() {
-        crate::tls::set_handler_clock(41);
+        crate::tls::set_sled_shadow(41);
         // SAFETY: `body` uses atomics, a TLS slot and `sleep` only.
         let tid = unsafe { spawn(body, 7, crate::tls::depth()) }.expect("clone");
         assert!(tid > 0);
@@ -232,8 +233,8 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(SEEN.load(Ordering::Acquire), (7 << 8) | 1);
-        assert_eq!(crate::tls::handler_clock(), 41, "the creating thread's slot is its own");
-        crate::tls::set_handler_clock(0);
+        assert_eq!(crate::tls::sled_shadow(), 41, "the creating thread's slot is its own");
+        crate::tls::set_sled_shadow(0);
         // The thread is gone once /proc no longer lists it.
         let task = format!("/proc/self/task/{tid}");
         while std::path::Path::new(&task).exists() {

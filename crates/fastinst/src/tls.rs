@@ -37,12 +37,6 @@ core::arch::global_asm!(
     ".size fastinst_sled_shadow,8",
     "fastinst_sled_shadow:",
     ".zero 8",
-    ".globl fastinst_handler_clock",
-    ".hidden fastinst_handler_clock",
-    ".type fastinst_handler_clock,@object",
-    ".size fastinst_handler_clock,8",
-    "fastinst_handler_clock:",
-    ".zero 8",
     ".popsection",
 );
 
@@ -155,12 +149,6 @@ word_slot!(
     set_sled_shadow,
     "this thread's sled shadow stack (a pointer; 0 before its first sled call)"
 );
-word_slot!(
-    "fastinst_handler_clock",
-    handler_clock,
-    set_handler_clock,
-    "the state of this thread's handler-timing draw"
-);
 
 /// How far below the thread pointer these slots reach: what a thread
 /// with a TLS block of its own ([`crate::rawthread`]) must map for them.
@@ -171,7 +159,7 @@ pub(crate) fn depth() -> usize {
     unsafe {
         core::arch::asm!(
             "mov {a}, qword ptr [rip + fastinst_in_handler@GOTTPOFF]",
-            "mov {b}, qword ptr [rip + fastinst_handler_clock@GOTTPOFF]",
+            "mov {b}, qword ptr [rip + fastinst_sled_shadow@GOTTPOFF]",
             a = out(reg) a, b = out(reg) b, options(nostack, readonly, preserves_flags)
         )
     };
@@ -185,21 +173,23 @@ mod tests {
 
     #[test]
     fn slots_are_per_thread() {
+        // No hook, handler or sled runs on a test thread, so the values
+        // written here are never followed.
         set_profile_store(7);
-        set_handler_clock(9);
+        set_sled_shadow(9);
         guard_set(true);
         ctx_set(1, 2, 3);
         std::thread::spawn(|| {
-            assert_eq!((profile_store(), handler_clock(), guard_get()), (0, 0, false));
+            assert_eq!((profile_store(), sled_shadow(), guard_get()), (0, 0, false));
             assert_eq!(ctx_get(), (0, 0, 0));
             set_profile_store(8);
         })
         .join()
         .unwrap();
-        assert_eq!((profile_store(), handler_clock(), guard_get()), (7, 9, true));
+        assert_eq!((profile_store(), sled_shadow(), guard_get()), (7, 9, true));
         assert_eq!(ctx_get(), (1, 2, 3));
         set_profile_store(0);
-        set_handler_clock(0);
+        set_sled_shadow(0);
         guard_set(false);
     }
 }

@@ -18,7 +18,6 @@
 mod decimal;
 mod flame;
 mod functions;
-mod handler_time;
 mod hist;
 mod local;
 mod paths;
@@ -140,7 +139,6 @@ impl Settings {
 pub(crate) struct Counters {
     pub samples: AtomicU64,
     pub toggles: AtomicU64,
-    /// Estimated ([`handler_time`]): timed calls count 16 times.
     pub handler_ticks: AtomicU64,
     pub unmatched_exits: AtomicU64,
     pub abandoned: AtomicU64,
@@ -354,14 +352,14 @@ fn paths_may_change(p: &Profiler) {
 }
 
 extern "C" fn on_entry(id: ProbeId) {
-    let t_in = handler_time::start();
+    let t_in = tsc::now();
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     let n = f.count.fetch_add(1, Ordering::AcqRel) + 1;
     let mut switched_off = false;
     if n >= p.settings.samples {
         if n == p.settings.samples {
-            f.t_k.store(t_in.unwrap_or_else(tsc::now), Ordering::Relaxed);
+            f.t_k.store(t_in, Ordering::Relaxed);
             f.exhausted.store(true, Ordering::Release);
             p.exhausted.push(fi, f);
         }
@@ -399,7 +397,7 @@ extern "C" fn on_entry(id: ProbeId) {
             node_epoch: 0,
             open: false,
         });
-        handler_time::account(&store.counts.handler_ticks, t_in, t0);
+        Counters::add_own(&store.counts.handler_ticks, t0 - t_in);
     });
     if pushed.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
@@ -409,7 +407,6 @@ extern "C" fn on_entry(id: ProbeId) {
 
 extern "C" fn on_exit(id: ProbeId) {
     let t = tsc::now();
-    let timed = handler_time::draw().then_some(t);
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     // The common case once the quota is filled: nothing sampled is in
@@ -421,7 +418,7 @@ extern "C" fn on_exit(id: ProbeId) {
             let c = &store.counts;
             Counters::add_own(&c.unmatched_exits, 1);
             Counters::add_own(&c.toggles, u64::from(switched));
-            handler_time::stop(&c.handler_ticks, timed);
+            Counters::add_own(&c.handler_ticks, tsc::now() - t);
         });
         if counted.is_none() {
             // An exiting thread: its own counters are gone.
@@ -451,7 +448,7 @@ extern "C" fn on_exit(id: ProbeId) {
                 {
                     Counters::add_own(&store.counts.toggles, 1);
                 }
-                handler_time::stop(&store.counts.handler_ticks, timed);
+                Counters::add_own(&store.counts.handler_ticks, tsc::now() - t);
                 return;
             }
         }
@@ -489,7 +486,7 @@ extern "C" fn on_exit(id: ProbeId) {
         if left <= 0 && f.exhausted.load(Ordering::Acquire) && exit_off(p, f, id) {
             Counters::add_own(&c.toggles, 1);
         }
-        handler_time::stop(&c.handler_ticks, timed);
+        Counters::add_own(&c.handler_ticks, tsc::now() - t);
     });
     if r.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);

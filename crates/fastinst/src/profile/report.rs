@@ -26,8 +26,7 @@
 //! names], samples, self_ms}]}}` (paths ordered as their folded lines
 //! sort: by their frames' names, outermost first); times in
 //! milliseconds (`_ms`) or microseconds (`_us`), all estimated except the
-//! sampled durations' order statistics (`handler_ms` is estimated from a
-//! random sixteenth of the handler calls).
+//! sampled durations' order statistics.
 
 use super::decimal::Fixed;
 use super::thread::{FnAgg, FxMap, CALLER_TAG, GAP};
@@ -194,9 +193,7 @@ pub struct Overhead {
     pub toggles: u64,
     /// Per second of wall time.
     pub toggles_per_s: f64,
-    /// Time spent in the profiler's handlers, all threads: estimated
-    /// from a random 1 in 16 of the handler calls, each timed and counted
-    /// 16 times (`profile/handler_time.rs`).
+    /// Time spent in the profiler's handlers, all threads.
     pub handler_ms: f64,
     /// Exits whose entry was not sampled (dropped).
     pub unmatched_exits: u64,
