@@ -272,12 +272,36 @@ extern "C" fn before_dlmopen() -> usize {
     real_symbol(&REAL, c"dlmopen")
 }
 
+/// The body of the `dlopen`/`dlmopen` stubs: saves the argument registers
+/// (three pushes also align the stack for the call), calls `$before`,
+/// restores them and jumps to the function it returned, or returns NULL.
+macro_rules! dl_stub {
+    ($before:path) => {
+        core::arch::naked_asm!(
+            "push rdi",
+            "push rsi",
+            "push rdx",
+            "call {before}",
+            "pop rdx",
+            "pop rsi",
+            "pop rdi",
+            "test rax, rax",
+            "jz 2f",
+            "jmp rax",
+            "2:",
+            "xor eax, eax",
+            "ret",
+            before = sym $before,
+        )
+    };
+}
+
 /// Interposes `dlopen` so that the sled watcher thread starts only when a
 /// program loads a library ([`crate::sled`]): a thread of its own, even one
 /// that sleeps, switches glibc to its multi-threaded mode for good, with a
 /// locked instruction pair in every `malloc` and `free` that misses the
-/// thread cache (+1.4% instructions on QuickJS, measured ~15% of its CPU
-/// time here).
+/// thread cache (+1.4% instructions on QuickJS, 10-20% more CPU time in
+/// interleaved runs here).
 ///
 /// A stub, not a Rust function: glibc resolves a relative name against the
 /// *caller's* `DT_RUNPATH` and `$ORIGIN`, which it finds from the return
@@ -289,23 +313,7 @@ extern "C" fn before_dlmopen() -> usize {
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlopen(file: *const std::ffi::c_char, mode: c_int) -> *mut c_void {
-    // At entry rsp is 8 mod 16; two pushes and 8 bytes align the call.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {before}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "jmp rax",
-        "2:",
-        "xor eax, eax",
-        "ret",
-        before = sym before_dlopen,
-    )
+    dl_stub!(before_dlopen)
 }
 
 /// Interposes `dlmopen` as [`dlopen`] is.
@@ -315,23 +323,7 @@ pub unsafe extern "C" fn dlopen(file: *const std::ffi::c_char, mode: c_int) -> *
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlmopen(lmid: libc::Lmid_t, file: *const std::ffi::c_char, mode: c_int) -> *mut c_void {
-    // Three pushes align the call.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {before}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "jmp rax",
-        "2:",
-        "xor eax, eax",
-        "ret",
-        before = sym before_dlmopen,
-    )
+    dl_stub!(before_dlmopen)
 }
 
 type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;

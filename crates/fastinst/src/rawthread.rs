@@ -4,7 +4,7 @@
 //! and never switches back: from then on every `malloc` and `free` that
 //! misses the thread cache takes the arena lock, a locked instruction pair
 //! (QuickJS: +1.4% instructions, all of them in `malloc` and `free`, and
-//! about 15% more CPU time on this project's VM). A profiler whose sampler
+//! 10-20% more CPU time in interleaved runs on this project's VM). A profiler whose sampler
 //! is a pthread charges that to every single-threaded program it profiles.
 //! A thread made with `clone(2)` directly leaves glibc in single-threaded
 //! mode; Go's runtime makes all its threads so.

@@ -17,7 +17,7 @@
 //! `DT_RUNPATH` and `$ORIGIN` against it), so a program that loads no
 //! library runs with no thread of ours: a second thread, even a sleeping
 //! one, makes glibc lock its arena in `malloc` and `free` for the rest of
-//! the run (QuickJS's sled build, every probe off: ~15% more CPU here).
+//! the run (QuickJS: 10-20% more CPU time in interleaved runs here).
 //! Registering in the stub after the load would be sooner, but the stub
 //! cannot regain control without replacing the return address glibc
 //! reads. A program that links the crate calls [`load`] itself.

@@ -2,7 +2,7 @@
  * re-open windows all through it without making glibc think the process is
  * multi-threaded. On stderr at the end: glibc's single-threaded flag and
  * the number of threads the kernel lists. */
-#include <dirent.h>
+#include "task_count.h"
 #include <stdio.h>
 #include <sys/single_threaded.h>
 #include <time.h>
@@ -16,15 +16,6 @@ static double now_ms(void) {
 __attribute__((noinline)) unsigned long hot(unsigned long x) { return x * 2654435761u + 1; }
 __attribute__((noinline)) unsigned long warm(unsigned long x) { return hot(x) ^ hot(x >> 3); }
 
-static int threads(void) {
-    int n = 0;
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 int main(void) {
     unsigned long s = 0;
@@ -33,6 +24,6 @@ int main(void) {
         for (int i = 0; i < 1000; i++)
             s += warm(s + i);
     printf("%lu\n", s & 1);
-    fprintf(stderr, "single-threaded: %d, threads: %d\n", __libc_single_threaded, threads());
+    fprintf(stderr, "single-threaded: %d, threads: %d\n", __libc_single_threaded, task_count());
     return 0;
 }

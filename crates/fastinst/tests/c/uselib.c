@@ -3,20 +3,10 @@
  * dlclose really unloads -- calls it, closes it, and does it again. The
  * process's thread count before the first dlopen and after the last goes
  * to stderr. */
-#include <dirent.h>
+#include "task_count.h"
 #include <dlfcn.h>
 #include <unistd.h>
 #include <stdio.h>
-
-static int threads(void) {
-    int n = 0;
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 int lib_entry(int n);
 
@@ -25,7 +15,7 @@ __attribute__((noinline)) int local(int x) { return x + 1; }
 int main(int argc, char **argv) {
     int s = lib_entry(100) + local(1);
     printf("linked: %d\n", s);
-    fprintf(stderr, "threads before dlopen: %d\n", threads());
+    fprintf(stderr, "threads before dlopen: %d\n", task_count());
     for (int round = 0; round < 3 && argc > 1; round++) {
         void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
         if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
@@ -34,7 +24,7 @@ int main(int argc, char **argv) {
         printf("dlopen round %d: %d\n", round, f(50 + round));
         dlclose(h);
     }
-    fprintf(stderr, "threads after dlopen: %d\n", threads());
+    fprintf(stderr, "threads after dlopen: %d\n", task_count());
     printf("after: %d\n", lib_entry(10) + local(2));
     return 0;
 }
