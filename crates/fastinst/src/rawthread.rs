@@ -108,7 +108,10 @@ pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: u
         )
     } != 0
     {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        // SAFETY: the mapping just made, which nothing else refers to.
+        unsafe { libc::munmap(guard_and_stack as *mut libc::c_void, page + STACK) };
+        return Err(e);
     }
     let stack_top = (guard_and_stack + page + STACK) & !15;
     // A margin past the runtime's own slots (untouched pages cost nothing):
@@ -139,11 +142,11 @@ pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: u
     let mut tid: i32 = 0;
     let old = set_mask(!0);
     let ret: isize;
-    // SAFETY: clone(flags, stack, &tid, 0, tls). The child starts on its
-    // own stack with every register as here; it calls `entry(arg)` from
-    // r12/r13 (which the system call preserves) and exits the thread. It
-    // never returns into this function's frame. The parent continues
-    // below with `ret` the child's id or -errno.
+    // clone(flags, stack, &tid, 0, tls); the parent continues below with
+    // `ret` the child's id or -errno.
+    // SAFETY: the child starts on its own stack with every register as here,
+    // calls `entry(arg)` from r12/r13 (kept by the system call) and exits
+    // the thread: it never returns into this function's frame.
     unsafe {
         core::arch::asm!(
             "syscall",
