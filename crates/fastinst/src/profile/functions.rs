@@ -212,7 +212,7 @@ struct SpinVec {
 unsafe impl Sync for SpinVec {}
 
 impl SpinVec {
-    fn with<R>(&self, f: impl FnOnce(&mut Vec<(u32, bool)>) -> R) -> R {
+    fn acquire(&self) {
         while self
             .lock
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -220,6 +220,10 @@ impl SpinVec {
         {
             std::hint::spin_loop();
         }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Vec<(u32, bool)>) -> R) -> R {
+        self.acquire();
         // SAFETY: the lock is held; no other reference to `v` exists.
         let r = f(unsafe { &mut *self.v.get() });
         self.lock.store(false, Ordering::Release);
@@ -241,6 +245,19 @@ impl FuncProbes {
             None => self.more.with(|v| v.push((id, entry))),
         }
         self.len.store(n as u32 + 1, Ordering::Release);
+    }
+
+    /// Before fork: takes the list's lock and keeps it, so that no thread
+    /// that will not exist in the child holds it there (the sampler copies
+    /// the list under it). [`FuncProbes::release_after_fork`] gives it back.
+    pub(crate) fn hold_for_fork(&self) {
+        self.more.acquire();
+    }
+
+    /// After fork, in parent and child: the lock [`FuncProbes::hold_for_fork`]
+    /// took.
+    pub(crate) fn release_after_fork(&self) {
+        self.more.lock.store(false, Ordering::Release);
     }
 
     /// Calls `f` with each probe (id, is entry), allocating nothing and

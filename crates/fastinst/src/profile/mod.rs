@@ -718,7 +718,8 @@ fn start_sampler() {
 /// Before fork: take every profiler lock, so none is held by a thread that
 /// will not exist in the child. Order: the discovery lock (taken by the
 /// caller first), the function map, the thread list, each thread's
-/// aggregates; no other path takes two of them in another order.
+/// aggregates, each function's probe list (which the sampler copies
+/// under its lock); no other path takes two of them in another order.
 pub(crate) fn fork_prepare() {
     let Some(p) = get() else { return };
     std::mem::forget(p.by_addr.lock());
@@ -727,9 +728,19 @@ pub(crate) fn fork_prepare() {
         std::mem::forget(t.agg.lock());
     }
     std::mem::forget(threads);
+    for i in 0..p.funcs.len() {
+        if let Some(f) = p.funcs.get(i) {
+            f.probes.hold_for_fork();
+        }
+    }
 }
 
 fn fork_unlock(p: &Profiler) {
+    for i in 0..p.funcs.len() {
+        if let Some(f) = p.funcs.get(i) {
+            f.probes.release_after_fork();
+        }
+    }
     // SAFETY: fork_prepare locked each of these on this thread and forgot
     // the guards; the thread list is stable while its lock is held.
     unsafe {
