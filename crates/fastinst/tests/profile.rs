@@ -123,6 +123,14 @@ fn check_structure(r: &Report) {
     }
 }
 
+/// Runs `bin` under the profiler (the preload library's default tool) with
+/// its reports in `out` and `env` besides.
+fn profiled(bin: &Path, args: &[&str], dir: &Path, out: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let mut e = vec![("FASTINST_OUT", out.to_str().unwrap())];
+    e.extend_from_slice(env);
+    run(bin, args, dir, true, &e)
+}
+
 /// The flag of each provider's builds.
 const FINSTRUMENT: &str = "-finstrument-functions";
 const SLED: &str = "-fpatchable-function-entry=5";
@@ -135,13 +143,7 @@ fn run_tree(cc: &str, flag: &str, threads: &str, name: &str) -> (Report, Truth, 
     build(cc, &[&src("tree.c")], &["-O2", "-pthread", flag], &inst);
     let want = ok_stdout(&run(&plain, &[threads], &dir, false, &[]), "plain");
     let out = dir.join("out");
-    let o = run(
-        &inst,
-        &[threads],
-        &dir,
-        true,
-        &[("FASTINST_OUT", out.to_str().unwrap())],
-    );
+    let o = profiled(&inst, &[threads], &dir, &out, &[]);
     let got = ok_stdout(&o, "profiled");
     assert_eq!(got, want, "the program's output changed under the profiler");
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
@@ -259,7 +261,7 @@ fn jumps(flag: &str) {
     build("gcc", &[&src("jumps.c")], &["-O2", flag], &inst);
     let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
     let out = dir.join("out");
-    let o = run(&inst, &[], &dir, true, &[("FASTINST_OUT", out.to_str().unwrap())]);
+    let o = profiled(&inst, &[], &dir, &out, &[]);
     let got = ok_stdout(&o, "profiled");
     assert_eq!(got, want, "the program's output changed under the profiler");
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -384,16 +386,7 @@ fn a_forked_child_samples_functions_whose_quota_filled_in_the_parent() {
     let out = dir.join("out");
     // A long epoch: the parent's daemon does not re-open `work`'s window
     // between its 1,000 calls and the fork.
-    let o = run(
-        &inst,
-        &[],
-        &dir,
-        true,
-        &[
-            ("FASTINST_OUT", out.to_str().unwrap()),
-            ("FASTINST_PROFILE_EPOCH_MS", "300"),
-        ],
-    );
+    let o = profiled(&inst, &[], &dir, &out, &[("FASTINST_PROFILE_EPOCH_MS", "300")]);
     let got = ok_stdout(&o, "profiled");
     let child: u32 = got
         .lines()
@@ -427,16 +420,7 @@ fn the_clone_sampler_keeps_glibc_single_threaded() {
     build("gcc", &[&src("single.c")], &["-O2", FINSTRUMENT], &inst);
     for (sampler, single) in [("clone", 1), ("pthread", 0)] {
         let out = dir.join(sampler);
-        let o = run(
-            &inst,
-            &[],
-            &dir,
-            true,
-            &[
-                ("FASTINST_OUT", out.to_str().unwrap()),
-                ("FASTINST_PROFILE_SAMPLER", sampler),
-            ],
-        );
+        let o = profiled(&inst, &[], &dir, &out, &[("FASTINST_PROFILE_SAMPLER", sampler)]);
         ok_stdout(&o, sampler);
         let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(
