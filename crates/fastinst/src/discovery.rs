@@ -189,6 +189,8 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 /// out to come from no new site, `tail` is its probe.
 pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64, tail: Option<ProbeId>) -> Option<ProbeId> {
     with_state(|s| {
+        sitetable::prepare(ret);
+        sitetable::prepare(this_fn);
         let known = sitetable::get(key::ret(ret)).or_else(|| match tail {
             Some(_) => None,
             None => sitetable::get(key::function(this_fn, kind as u8)),

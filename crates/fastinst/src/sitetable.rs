@@ -48,6 +48,9 @@ pub(crate) mod key {
     }
 }
 
+// Page-aligned, so a block's keys are exactly two pages and its values
+// one (`prepare`).
+#[repr(C, align(4096))]
 struct Table {
     keys: [AtomicU64; CAPACITY],
     vals: [AtomicU32; CAPACITY],
@@ -60,25 +63,48 @@ static TABLE: Table = Table {
 
 /// Slots per block (log2): the keys of one 4 KiB code page.
 const WITHIN: u32 = 10;
+/// The code address inside a key: below the key spaces (bits 62-63) and
+/// the sub-kinds of space 1 (bits 56-57).
+const ADDR: u64 = (1 << 56) - 1;
 
 /// A key's home slot. The keys of one code page share a block of 1,024
 /// slots placed by a Fibonacci hash of the page; inside it a key's home is
-/// its page offset / 4, turned by a quarter of the block per key space (so
-/// a site's keys in several spaces do not contend for one home). Why not
-/// hash the whole key: start-up inserts thousands of keys, and a hash that
-/// scatters them touches a fresh page of this 12 MiB table (a page fault,
-/// about a microsecond) for most of them: 5,000 faults at SQLite's start
-/// with sled probes. Keyed by page, a code page's keys share three table
-/// pages (two of keys, one of values). A block holds four slots per code
-/// word, so even a page of tiny instrumented functions (a few hundred keys)
-/// fills under half of it and lookups stay a probe or two, as before.
+/// its page offset / 4, turned by a sixteenth of the block per kind of key
+/// (space and sub-kind: so a site's keys of several kinds do not contend
+/// for one home). Why not hash the whole key: start-up inserts thousands of
+/// keys, and a hash that scatters them touches a fresh page of this 12 MiB
+/// table (a page fault, about a microsecond) for most of them: 5,000 faults
+/// at SQLite's start with sled probes. Keyed by page, a code page's keys of
+/// every kind share three table pages (two of keys, one of values); the
+/// block is placed by the address alone, never by the kind, or each kind
+/// would take three pages of its own (it did: QuickJS's function extents
+/// doubled its start-up faults). A block holds four slots per code word, so
+/// even a page of tiny instrumented functions (a few hundred keys) fills
+/// under half of it and lookups stay a probe or two.
 #[inline(always)]
 fn slot(k: u64) -> usize {
-    let space = (k >> 62) as usize;
-    let addr = k & ((1 << 62) - 1);
+    let kind = ((k >> 62) << 2 | (k >> 56) & 3) as usize;
+    let addr = k & ADDR;
     let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
-    let home = ((addr >> 2) as usize + (space << (WITHIN - 2))) & ((1 << WITHIN) - 1);
+    let home = ((addr >> 2) as usize + (kind << (WITHIN - 4))) & ((1 << WITHIN) - 1);
     (block << WITHIN) | home
+}
+
+/// Faults in, for writing, the three table pages that hold the keys of
+/// code page `addr`. Start-up calls it before it looks up and inserts a
+/// code page's keys: a first read of an untouched page maps the shared
+/// zero page and the insert after it faults a second time to copy it, so
+/// reading first doubled the faults. A compare-exchange of 0 for 0 changes
+/// nothing, so it is safe beside concurrent readers and inserts, and it is
+/// a locked write whether or not it matches, so the kernel maps the page
+/// writable at once. (`fetch_or(0)` would not do: the compiler turns an
+/// idempotent relaxed read-modify-write into a plain load.)
+pub(crate) fn prepare(addr: u64) {
+    let block = slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1);
+    for i in [block, block + (1 << WITHIN) / 2] {
+        let _ = TABLE.keys[i].compare_exchange(EMPTY, EMPTY, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    let _ = TABLE.vals[block].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// The value under `k`. Lock-free.
@@ -161,6 +187,29 @@ mod tests {
         for i in 0..1000 {
             remove(key::ret(base + i * 5));
         }
+    }
+
+    #[test]
+    fn every_kind_of_key_of_a_code_page_lives_in_its_block() {
+        // Start-up faults in a block's three table pages per code page; a
+        // kind of key hashed to another block would cost three more.
+        let page = 0x5555_1234_5000u64;
+        for off in [0u64, 5, 0x7ff, 0xffb] {
+            let a = page + off;
+            let keys = [
+                key::ret(a),
+                key::function(a, 0),
+                key::function(a, 1),
+                key::tails_ambiguous(a),
+                key::extent(a),
+                key::patched(a),
+                key::site(a),
+            ];
+            let homes: std::collections::HashSet<usize> = keys.iter().map(|&k| slot(k)).collect();
+            assert_eq!(homes.len(), keys.len(), "kinds of key share a home slot");
+            assert!(homes.iter().all(|h| h >> WITHIN == slot(page) >> WITHIN), "{homes:x?}");
+        }
+        assert_ne!(slot(page) >> WITHIN, slot(page + 0x1000) >> WITHIN);
     }
 
     #[test]
