@@ -140,13 +140,21 @@ fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
             return Default::default();
         }
     };
-    let symbols = SymbolTable::from_elf(&bytes, bias).unwrap_or_else(|e| {
+    let sections = match providers::sections::Sections::parse(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            crate::log::warn(format_args!("no symbols for {file}: {e}"));
+            return Default::default();
+        }
+    };
+    let symbols = SymbolTable::from_sections(&sections, &bytes, bias).unwrap_or_else(|e| {
         crate::log::warn(format_args!("no symbols for {file}: {e}"));
         SymbolTable::default()
     });
-    let sleds = providers::patchable::table_in_elf(&bytes)
-        .map(|t| t.into_iter().map(|a| a.wrapping_add(bias)).collect())
-        .unwrap_or_default();
+    let sleds = providers::patchable::table(&sections)
+        .into_iter()
+        .map(|a| a.wrapping_add(bias))
+        .collect();
     (symbols, sleds)
 }
 

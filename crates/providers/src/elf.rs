@@ -1,6 +1,8 @@
 //! Function symbols of an ELF image, demangled (goblin, cpp_demangle,
 //! rustc-demangle).
 
+use crate::sections::Sections;
+use goblin::elf::section_header::SHT_SYMTAB;
 use goblin::elf::{sym, Elf};
 
 /// A function symbol, at its run-time address.
@@ -40,36 +42,55 @@ impl SymbolTable {
     /// `bias` (the module's load bias; 0 for a non-PIE executable). One name
     /// per address: `.symtab` first, then global before local.
     pub fn from_elf(bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
-        let elf = Elf::parse(bytes)?;
+        Self::from_sections(&Sections::parse(bytes)?, bytes, bias)
+    }
+
+    /// [`SymbolTable::from_elf`] of a file whose section headers are read
+    /// already. A file without section headers is parsed in full by goblin,
+    /// which finds its dynamic symbols through the dynamic segment.
+    pub fn from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
         let mut funcs: Vec<(Function, u8)> = Vec::new();
-        let tables = [(&elf.syms, &elf.strtab, 0u8), (&elf.dynsyms, &elf.dynstrtab, 2u8)];
-        for (syms, strs, rank) in tables {
-            for s in syms.iter() {
-                if s.st_type() != sym::STT_FUNC && s.st_type() != sym::STT_GNU_IFUNC {
-                    continue;
+        let mut add = |s: &sym::Sym, name: Option<std::borrow::Cow<str>>, rank: u8| {
+            if s.st_type() != sym::STT_FUNC && s.st_type() != sym::STT_GNU_IFUNC {
+                return;
+            }
+            if s.st_shndx == 0 || s.st_value == 0 {
+                return;
+            }
+            let Some(name) = name else { return };
+            funcs.push((
+                Function {
+                    start: s.st_value.wrapping_add(bias),
+                    size: s.st_size,
+                    name: name.into_owned(),
+                },
+                rank + u8::from(s.st_bind() == sym::STB_LOCAL),
+            ));
+        };
+        if sections.is_empty() {
+            let elf = Elf::parse(bytes)?;
+            for (syms, strs, rank) in [(&elf.syms, &elf.strtab, 0u8), (&elf.dynsyms, &elf.dynstrtab, 2u8)] {
+                for s in syms.iter() {
+                    add(&s, strs.get_at(s.st_name).map(Into::into), rank);
                 }
-                if s.st_shndx == 0 || s.st_value == 0 {
-                    continue;
+            }
+        } else {
+            for t in sections.symbol_tables() {
+                let rank = if t.kind == SHT_SYMTAB { 0 } else { 2 };
+                for s in t.symbols.iter() {
+                    add(&s, t.name(s.st_name), rank);
                 }
-                let Some(raw) = strs.get_at(s.st_name) else { continue };
-                let r = rank + u8::from(s.st_bind() == sym::STB_LOCAL);
-                funcs.push((
-                    Function {
-                        start: s.st_value.wrapping_add(bias),
-                        size: s.st_size,
-                        name: raw.to_string(),
-                    },
-                    r,
-                ));
             }
         }
-        funcs.sort_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
+        funcs.sort_unstable_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
         funcs.dedup_by(|later, first| later.0.start == first.0.start);
         Ok(SymbolTable {
             funcs: funcs
                 .into_iter()
                 .map(|(mut f, _)| {
-                    f.name = demangle(&f.name);
+                    if f.name.starts_with("_Z") || f.name.starts_with("_R") {
+                        f.name = demangle(&f.name);
+                    }
                     f
                 })
                 .collect(),

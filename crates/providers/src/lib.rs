@@ -21,6 +21,8 @@
 //!   sleds listed in an ELF section, validated and normalised to one
 //!   instruction that can be toggled to a `call`.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
+//! - [`sections`]: the lean section-header view start-up reads modules
+//!   through (headers once, names one at a time).
 //! - [`offline`]: the same recognisers over an ELF file on disk (`fastinst
 //!   sites`).
 //! - [`decode`]: the instruction stream the others share (iced-x86), which
@@ -33,6 +35,7 @@ pub mod finstrument;
 pub mod memory;
 pub mod offline;
 pub mod patchable;
+pub mod sections;
 pub mod tag;
 
 pub use memory::{Image, Memory};

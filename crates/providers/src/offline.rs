@@ -25,6 +25,7 @@ use crate::elf::{ElfError, SymbolTable};
 use crate::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks, SiteForm};
 use crate::memory::Image;
 use crate::patchable;
+use crate::sections::Sections;
 use goblin::elf::{program_header::PT_LOAD, reloc, Elf};
 use iced_x86::FlowControl;
 
@@ -78,8 +79,9 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         image = image.with(ph.p_vaddr, seg);
     }
     let (hooks, has_hooks) = bind_hooks(&elf, &mut image);
-    let symbols = SymbolTable::from_elf(bytes, 0)?;
-    let table = patchable::table(&elf, bytes);
+    let sections = Sections::parse(bytes)?;
+    let symbols = SymbolTable::from_sections(&sections, bytes, 0)?;
+    let table = patchable::table(&sections);
     let mut out = FileSites {
         has_hooks: has_hooks || !table.is_empty(),
         ..FileSites::default()

@@ -35,7 +35,8 @@
 use crate::decode::{decode_one, MAX_INSN_LEN};
 use crate::elf::SymbolTable;
 use crate::memory::Memory;
-use goblin::elf::{reloc, Elf};
+use crate::sections::Sections;
+use goblin::elf::reloc;
 
 /// The section gcc and clang record sleds in.
 pub const SECTION: &str = "__patchable_function_entries";
@@ -101,39 +102,36 @@ impl Sled {
 }
 
 /// The link-time addresses in the `__patchable_function_entries` sections
-/// of the ELF file `bytes` (empty when it has none), in table order.
-pub fn table(elf: &Elf, bytes: &[u8]) -> Vec<u64> {
+/// of an ELF file (empty when it has none), in table order.
+pub fn table(sections: &Sections) -> Vec<u64> {
     let mut out = Vec::new();
-    for sh in elf.section_headers.iter() {
-        if elf.shdr_strtab.get_at(sh.sh_name) != Some(SECTION) || sh.sh_size == 0 {
+    for sh in sections.named(SECTION) {
+        let Some(body) = sections.contents(sh).filter(|b| !b.is_empty()) else {
             continue;
+        };
+        let (addr, size) = (sh.sh_addr, sh.sh_size);
+        let mut relative: Vec<(u64, u64)> = Vec::new();
+        for rela in sections.rela_sections() {
+            relative.extend(
+                rela.iter()
+                    .filter(|r| r.r_type == reloc::R_X86_64_RELATIVE && r.r_offset >= addr && r.r_offset < addr + size)
+                    .map(|r| (r.r_offset, r.r_addend.unwrap_or(0) as u64)),
+            );
         }
-        let (off, size, addr) = (sh.sh_offset as usize, sh.sh_size as usize, sh.sh_addr);
-        let body = bytes.get(off..off.saturating_add(size)).unwrap_or(&[]);
-        let relative: std::collections::HashMap<u64, u64> = elf
-            .dynrelas
-            .iter()
-            .filter(|r| r.r_type == reloc::R_X86_64_RELATIVE && r.r_offset >= addr && r.r_offset < addr + size as u64)
-            .map(|r| (r.r_offset, r.r_addend.unwrap_or(0) as u64))
-            .collect();
+        relative.sort_unstable();
         for (i, w) in body.chunks_exact(8).enumerate() {
             let at = addr + 8 * i as u64;
             let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            match relative.get(&at) {
-                Some(&a) => out.push(a),
-                None if v != 0 => out.push(v),
+            match relative.binary_search_by_key(&at, |r| r.0) {
+                Ok(k) => out.push(relative[k].1),
+                Err(_) if v != 0 => out.push(v),
                 // A zero entry without a relocation: a sled of a function the
                 // linker discarded.
-                None => {}
+                Err(_) => {}
             }
         }
     }
     out
-}
-
-/// [`table`] of the ELF file `bytes`, parsing it.
-pub fn table_in_elf(bytes: &[u8]) -> Result<Vec<u64>, crate::elf::ElfError> {
-    Ok(table(&Elf::parse(bytes)?, bytes))
 }
 
 /// The function entry for a sled recorded at `recorded`: the start of a
