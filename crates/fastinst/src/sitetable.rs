@@ -69,9 +69,9 @@ const ADDR: u64 = (1 << 56) - 1;
 
 /// A key's home slot. The keys of one code page share a block of 1,024
 /// slots placed by a Fibonacci hash of the page; inside it a key's home is
-/// its page offset / 4, turned by a sixteenth of the block per kind of key
-/// (space and sub-kind: so a site's keys of several kinds do not contend
-/// for one home). Why not hash the whole key: start-up inserts thousands of
+/// its page offset / 4, turned by a quarter of the block per key space and
+/// by four slots per sub-kind (so a site's keys of several kinds do not
+/// contend for one home). Why not hash the whole key: start-up inserts thousands of
 /// keys, and a hash that scatters them touches a fresh page of this 12 MiB
 /// table (a page fault, about a microsecond) for most of them: 5,000 faults
 /// at SQLite's start with sled probes. Keyed by page, a code page's keys of
@@ -83,10 +83,11 @@ const ADDR: u64 = (1 << 56) - 1;
 /// under half of it and lookups stay a probe or two.
 #[inline(always)]
 fn slot(k: u64) -> usize {
-    let kind = ((k >> 62) << 2 | (k >> 56) & 3) as usize;
     let addr = k & ADDR;
     let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
-    let home = ((addr >> 2) as usize + (kind << (WITHIN - 4))) & ((1 << WITHIN) - 1);
+    // k >> 54: the space times 256 plus the sub-kind times 4 (bits 54-55
+    // of a code address are 0), one shift on the hook's path.
+    let home = ((addr >> 2) as usize + (k >> 54) as usize) & ((1 << WITHIN) - 1);
     (block << WITHIN) | home
 }
 
