@@ -88,8 +88,8 @@ impl SymbolTable {
             funcs: funcs
                 .into_iter()
                 .map(|(mut f, _)| {
-                    if f.name.starts_with("_Z") || f.name.starts_with("_R") {
-                        f.name = demangle(&f.name);
+                    if let Some(d) = demangled(&f.name) {
+                        f.name = d;
                     }
                     f
                 })
@@ -134,24 +134,30 @@ impl SymbolTable {
 /// Demangles a C++ (Itanium) or Rust (legacy or v0) symbol; other names are
 /// returned as they are.
 pub fn demangle(name: &str) -> String {
+    demangled(name).unwrap_or_else(|| name.to_string())
+}
+
+/// The demangled form of `name`, or `None` when it is not a mangled C++ or
+/// Rust name (most C symbols: the caller keeps the name it has, uncopied).
+fn demangled(name: &str) -> Option<String> {
     if name.starts_with("_R") || name.starts_with("_ZN") {
         if let Ok(d) = rustc_demangle::try_demangle(name) {
             let s = format!("{d:#}");
             // rustc-demangle accepts many C++ names as legacy Rust paths;
             // only trust it when the result looks like a Rust path.
             if name.starts_with("_R") || name.contains("17h") {
-                return s;
+                return Some(s);
             }
         }
     }
     if name.starts_with("_Z") {
         if let Ok(sym) = cpp_demangle::Symbol::new(name) {
             if let Ok(s) = sym.demangle(&cpp_demangle::DemangleOptions::default()) {
-                return s;
+                return Some(s);
             }
         }
     }
-    name.to_string()
+    None
 }
 
 #[cfg(test)]
