@@ -85,3 +85,18 @@ fn first_use<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
 pub(super) fn current() -> Option<Arc<ThreadStore>> {
     LOCAL.try_with(|l| l.0.clone()).ok()
 }
+
+/// This thread's handler clock: its store's address (naming the thread)
+/// and the ticks its handlers have spent so far; `None` before its first
+/// sample and while it exits.
+#[inline(always)]
+pub(super) fn handler_clock() -> Option<(usize, u64)> {
+    let p = crate::tls::profile_store() as *const ThreadStore;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: as in `with_local`: a non-zero word points at this thread's
+    // live store; the counter is an atomic.
+    let ticks = unsafe { (*p).counts.handler_ticks.load(Ordering::Relaxed) };
+    Some((p as usize, ticks))
+}

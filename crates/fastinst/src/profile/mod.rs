@@ -357,9 +357,14 @@ extern "C" fn on_entry(id: ProbeId) {
     let Some((f, fi)) = func_of(p, id) else { return };
     let n = f.count.fetch_add(1, Ordering::AcqRel) + 1;
     let mut switched_off = false;
+    if n == 1 {
+        if let Some(clock) = local::handler_clock() {
+            f.first_call(clock);
+        }
+    }
     if n >= p.settings.samples {
         if n == p.settings.samples {
-            f.t_k.store(t_in, Ordering::Relaxed);
+            f.kth_call(t_in, local::handler_clock());
             f.exhausted.store(true, Ordering::Release);
             p.exhausted.push(fi, f);
         }

@@ -1,7 +1,7 @@
 /* A known call tree with known durations, for the profiler's accuracy test.
  *
  *   main -> worker (x argv[1] threads, default 1, via pthread)
- *   worker -> step  (ROUNDS calls per thread)
+ *   worker -> step  (argv[2] calls per thread, default ROUNDS)
  *   step   -> leaf  (2 calls), own spin SELF_US
  *   step   -> nap   (1 call in NAP_EVERY), nanosleep NAP_US
  *   leaf   -> spin LEAF_US
@@ -16,6 +16,8 @@
 
 #define MAX_THREADS 16
 #define ROUNDS 8000
+
+static int rounds = ROUNDS;
 #define LEAF_US 20
 #define SELF_US 10
 #define NAP_EVERY 100
@@ -63,7 +65,7 @@ void __attribute__((noinline)) step(int i) {
 
 void *__attribute__((noinline)) worker(void *arg) {
     (void)arg;
-    for (int i = 0; i < ROUNDS; i++)
+    for (int i = 0; i < rounds; i++)
         step(i);
     pthread_mutex_lock(&lock);
     total_leaf_us += leaf_us;
@@ -74,7 +76,9 @@ void *__attribute__((noinline)) worker(void *arg) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
-    if (threads < 1 || threads > MAX_THREADS)
+    if (argc > 2)
+        rounds = atoi(argv[2]);
+    if (threads < 1 || threads > MAX_THREADS || rounds < 1)
         return 2;
     pthread_t t[MAX_THREADS];
     for (int i = 0; i < threads; i++)
@@ -82,9 +86,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < threads; i++)
         pthread_join(t[i], 0);
     const int THREADS = threads;
-    printf("expect leaf calls %d us %d\n", THREADS * ROUNDS * 2, LEAF_US);
-    printf("expect step calls %d\n", THREADS * ROUNDS);
-    printf("expect nap calls %d us %d\n", THREADS * ROUNDS / NAP_EVERY, NAP_US);
+    printf("expect leaf calls %d us %d\n", THREADS * rounds * 2, LEAF_US);
+    printf("expect step calls %d\n", THREADS * rounds);
+    printf("expect nap calls %d us %d\n", THREADS * rounds / NAP_EVERY, NAP_US);
     printf("expect worker calls %d\n", THREADS);
     /* Measured, so it varies: stderr, not the output compared. */
     fprintf(stderr, "measured leaf total_us %.0f nap total_us %.0f\n", total_leaf_us, total_nap_us);
