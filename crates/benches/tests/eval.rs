@@ -5,6 +5,11 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+/// How long one run may take before the test takes it for hung
+/// ([`testkit::output_within`]): the quick sections take under a minute.
+const LIMIT: Duration = Duration::from_secs(600);
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fastinst-eval-test-{name}-{}", std::process::id()));
@@ -23,22 +28,21 @@ fn finite(v: &serde_json::Value, what: &str) -> f64 {
 fn quick_sections_write_complete_tables_json_and_plots() {
     let work = scratch("work");
     let out = work.join("report");
-    let o = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"))
-        .args([
-            "--quick",
-            "--field",
-            "1500",
-            "--threads",
-            "1",
-            "--only",
-            "table2,fig10,fig11,inactive",
-        ])
-        .arg("--work")
-        .arg(&work)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"));
+    c.args([
+        "--quick",
+        "--field",
+        "1500",
+        "--threads",
+        "1",
+        "--only",
+        "table2,fig10,fig11,inactive",
+    ])
+    .arg("--work")
+    .arg(&work)
+    .arg("--out")
+    .arg(&out);
+    let o = testkit::output_within(c, LIMIT, "fastinst-eval --quick");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     let md = String::from_utf8_lossy(&o.stdout);
@@ -132,16 +136,14 @@ fn bad_options_are_named() {
         (vec!["--field", "x"], "--field"),
         (vec!["--bogus"], "unknown option --bogus"),
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"))
-            .args(&args)
-            .output()
-            .unwrap();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"));
+        c.args(&args);
+        let o = testkit::output_within(c, LIMIT, &format!("fastinst-eval {}", args.join(" ")));
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&o.stderr).contains(msg), "{args:?}");
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"))
-        .arg("--help")
-        .output()
-        .unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst-eval"));
+    c.arg("--help");
+    let o = testkit::output_within(c, LIMIT, "fastinst-eval --help");
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--quick"));
 }

@@ -10,6 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long one run may take before the test takes it for hung
+/// ([`testkit::output_within`]): a calibration run here takes up to a minute on a loaded 2-core machine.
+const LIMIT: Duration = Duration::from_secs(600);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -26,7 +31,7 @@ fn calibrate(args: &[&str], env: &[(&str, &Path)]) -> (String, bool) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().expect("run fastinst-calibrate");
+    let out = testkit::output_within(cmd, LIMIT, &format!("fastinst-calibrate {}", args.join(" ")));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{stdout}");
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
@@ -154,11 +159,11 @@ fn quick_calibration_recommends_a_wait_that_stress_shows_safe() {
     }
     // The recommended wait, stressed at every split, sync and async, as
     // `--check` resolves it through wordpatch from the config file.
-    let check = Command::new(env!("CARGO_BIN_EXE_fastinst-calibrate"))
+    let mut check = Command::new(env!("CARGO_BIN_EXE_fastinst-calibrate"));
+    check
         .args(["--check", "--trials", "2", "--seconds", "1"])
-        .env("FASTINST_CONFIG", &cfg)
-        .output()
-        .unwrap();
+        .env("FASTINST_CONFIG", &cfg);
+    let check = testkit::output_within(check, LIMIT, "fastinst-calibrate --check");
     let sout = String::from_utf8_lossy(&check.stdout);
     println!("{sout}");
     let results: Vec<&str> = sout.lines().filter(|l| l.starts_with("RESULT ")).collect();

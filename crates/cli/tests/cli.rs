@@ -5,15 +5,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
+
+/// How long one command here may run (each takes seconds) before the test
+/// takes it for hung ([`testkit::output_within`]).
+const LIMIT: Duration = Duration::from_secs(180);
 
 fn fastinst(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastinst"))
-        .args(args)
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst"));
+    c.args(args)
         .current_dir(dir)
         .env_remove("FASTINST_LIB")
-        .env_remove("FASTINST_OUT")
-        .output()
-        .expect("fastinst runs")
+        .env_remove("FASTINST_OUT");
+    testkit::output_within(c, LIMIT, &format!("fastinst {}", args.join(" ")))
 }
 
 fn text(b: &[u8]) -> String {
@@ -135,7 +139,9 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
         return;
     };
     let app_s = app.to_str().unwrap();
-    let plain = Command::new(&app).arg("3").output().unwrap();
+    let mut c = Command::new(&app);
+    c.arg("3");
+    let plain = testkit::output_within(c, LIMIT, "app 3");
     assert_eq!(plain.status.code(), Some(3));
     let run = fastinst(&["run", "--out", "reports", "--", app_s, "3"], &dir);
     assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));

@@ -10,6 +10,11 @@
 
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long one run may take before the test takes it for hung
+/// ([`testkit::output_within`]): a bounded stress run here takes up to a minute or two on a loaded 2-core machine.
+const LIMIT: Duration = Duration::from_secs(600);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -26,7 +31,9 @@ fn stress(args: &[&str]) -> Run {
     if long && !args.contains(&"--expect-failure") {
         cmd.arg("--long");
     }
-    let out = cmd.output().expect("run fastinst-stress");
+    // The long mode runs for as long as it is asked to.
+    let limit = if long { Duration::from_secs(6 * 3600) } else { LIMIT };
+    let out = testkit::output_within(cmd, limit, &format!("fastinst-stress run {}", args.join(" ")));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     // Shown with --nocapture and on failure: the `N toggles, F failures` lines.
     println!("{stdout}");

@@ -3,10 +3,9 @@
 
 #![allow(dead_code)]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 /// How long one test program may run before it is taken for hung. Every
 /// program here finishes in seconds, even on a loaded 2-core CI machine;
@@ -91,83 +90,7 @@ pub fn run(bin: &Path, args: &[&str], dir: &Path, preload: bool, env: &[(&str, &
     output_within(c, RUN_LIMIT, &bin.display().to_string())
 }
 
-/// `c.output()`, but a child still running after `limit` has its threads'
-/// stacks taken (gdb where it can attach, else each thread's state and
-/// system call from /proc), is killed, and fails the test with them.
-pub fn output_within(mut c: Command, limit: Duration, what: &str) -> Output {
-    c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    let drain = |r: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = drain(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > limit {
-            let stacks = stacks_of(child.id());
-            let _ = child.kill();
-            let _ = child.wait();
-            let stdout = out.join().unwrap_or_default();
-            let stderr = err.join().unwrap_or_default();
-            panic!(
-                "{what}: still running after {limit:?}; killed.\nstacks:\n{stacks}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&stdout),
-                String::from_utf8_lossy(&stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    }
-}
-
-/// Where each thread of process `pid` is: gdb's backtraces, and always
-/// each thread's state, kernel wait channel and system call.
-fn stacks_of(pid: u32) -> String {
-    let mut s = String::new();
-    let gdb = Command::new("timeout")
-        .args([
-            "60",
-            "gdb",
-            "-p",
-            &pid.to_string(),
-            "-batch",
-            "-ex",
-            "thread apply all bt",
-        ])
-        .stdin(Stdio::null())
-        .output();
-    match gdb {
-        Ok(o) => s.push_str(&String::from_utf8_lossy(&o.stdout)),
-        Err(e) => s.push_str(&format!("(no gdb: {e})\n")),
-    }
-    let tasks = format!("/proc/{pid}/task");
-    for t in std::fs::read_dir(&tasks).into_iter().flatten().flatten() {
-        let d = t.path();
-        let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
-        s.push_str(&format!(
-            "task {}: {} | wchan {} | syscall {}\n",
-            t.file_name().to_string_lossy(),
-            read("stat").trim(),
-            read("wchan").trim(),
-            read("syscall").trim()
-        ));
-    }
-    s
-}
+pub use testkit::output_within;
 
 /// Stdout of a successful run.
 pub fn ok_stdout(o: &Output, what: &str) -> String {
