@@ -79,6 +79,8 @@ pub struct Report {
 /// a list of [`StackRow`]s.
 mod stacks_json {
     use super::{FxMap, StackRow};
+    use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+    use serde::de::{MapAccess, SeqAccess, Visitor};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use std::sync::Arc;
 
@@ -108,11 +110,26 @@ mod stacks_json {
         self_ms: f64,
     }
 
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Indexed(In),
-        Spelled(Vec<StackRow>),
+    /// Which form a file holds is decided by its shape (an object: version
+    /// 2; a list: version 1), not by trying each in turn: serde's untagged
+    /// enum buffered the whole field first and, on any error inside it,
+    /// said only that the data "did not match any variant".
+    struct Form;
+
+    impl<'de> Visitor<'de> for Form {
+        type Value = Vec<StackRow>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("stacks as {names, paths} or, in version 1, a list of {frames, samples, self_ms}")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            indexed(In::deserialize(MapAccessDeserializer::new(map))?)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::<StackRow>::deserialize(SeqAccessDeserializer::new(seq))
+        }
     }
 
     pub fn serialize<S: Serializer>(rows: &[StackRow], s: S) -> Result<S::Ok, S::Error> {
@@ -141,31 +158,26 @@ mod stacks_json {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StackRow>, D::Error> {
-        match Either::deserialize(d)? {
-            Either::Spelled(rows) => Ok(rows),
-            Either::Indexed(t) => t
-                .paths
-                .into_iter()
-                .map(|p| {
-                    let frames = p
-                        .frames
-                        .iter()
-                        .map(|&i| t.names.get(i as usize).cloned())
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or_else(|| {
-                            serde::de::Error::custom(format!(
-                                "a stack's frame indexes past the {} names",
-                                t.names.len()
-                            ))
-                        })?;
-                    Ok(StackRow {
-                        frames,
-                        samples: p.samples,
-                        self_ms: p.self_ms,
-                    })
+        d.deserialize_any(Form)
+    }
+
+    fn indexed<E: serde::de::Error>(t: In) -> Result<Vec<StackRow>, E> {
+        t.paths
+            .into_iter()
+            .map(|p| {
+                let frames = p
+                    .frames
+                    .iter()
+                    .map(|&i| t.names.get(i as usize).cloned())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| E::custom(format!("a stack's frame indexes past the {} names", t.names.len())))?;
+                Ok(StackRow {
+                    frames,
+                    samples: p.samples,
+                    self_ms: p.self_ms,
                 })
-                .collect(),
-        }
+            })
+            .collect()
     }
 }
 
@@ -896,6 +908,21 @@ mod tests {
         assert_eq!(serde_json::from_str::<Stacks>(&again).unwrap(), s);
         let bad = r#"{"stacks":{"names":["main"],"paths":[{"frames":[0,1],"samples":1,"self_ms":0}]}}"#;
         assert!(serde_json::from_str::<Stacks>(bad).is_err());
+    }
+
+    #[test]
+    fn a_broken_stacks_field_is_named_by_what_is_wrong_in_it() {
+        let err = |j: &str| serde_json::from_str::<Stacks>(j).unwrap_err().to_string();
+        let e = err(r#"{"stacks":{"names":["main"],"paths":[{"frames":[0],"samples":"x","self_ms":0}]}}"#);
+        assert!(e.contains("invalid type: string \"x\", expected u64"), "{e}");
+        let e = err(r#"{"stacks":{"names":["main"]}}"#);
+        assert!(e.contains("missing field `paths`"), "{e}");
+        let e = err(r#"{"stacks":[{"frames":["main"],"self_ms":0}]}"#);
+        assert!(e.contains("missing field `samples`"), "{e}");
+        let e = err(r#"{"stacks":{"names":["main"],"paths":[{"frames":[3],"samples":1,"self_ms":0}]}}"#);
+        assert!(e.contains("a stack's frame indexes past the 1 names"), "{e}");
+        let e = err(r#"{"stacks":7}"#);
+        assert!(e.contains("expected stacks as {names, paths}"), "{e}");
     }
 
     #[test]
