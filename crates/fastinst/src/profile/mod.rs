@@ -776,10 +776,11 @@ pub(crate) fn fork_child() {
     // off: re-armed now, so the child's first calls are counted too (the
     // child is one thread until it returns from fork).
     p.exhausted.clear();
+    let mut rearmed = 0;
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
             if f.reset(now) {
-                rearm(p, f, false);
+                rearmed += rearm(p, f, false);
             }
         }
     }
@@ -803,6 +804,8 @@ pub(crate) fn fork_child() {
     }
     drop(threads);
     p.counters.reset();
+    // The child's own toggles, counted after the parent's are forgotten.
+    p.counters.toggles.store(rearmed, Ordering::Relaxed);
     start_sampler();
 }
 
