@@ -91,6 +91,8 @@ pub struct ProfileStats {
     pub toggles_per_s: f64,
     /// Milliseconds in handlers.
     pub handler_ms: f64,
+    /// Milliseconds of the sampler thread's CPU time.
+    pub sampler_ms: f64,
 }
 
 /// One configuration's runs.
@@ -166,6 +168,7 @@ fn read_stats(dir: &Path) -> Result<ProfileStats> {
         samples_per_s: o["samples_per_s"].as_f64().unwrap_or(0.0),
         toggles_per_s: o["toggles_per_s"].as_f64().unwrap_or(0.0),
         handler_ms: o["handler_ms"].as_f64().unwrap_or(0.0),
+        sampler_ms: o["sampler_ms"].as_f64().unwrap_or(0.0),
     })
 }
 
@@ -252,18 +255,20 @@ pub fn render_markdown(rows: &[Row], programs: &[Program], header: &str) -> Stri
     let _ = writeln!(s, "{header}\n");
     let _ = writeln!(
         s,
-        "| program | build | probes | plain CPU s | compiled vs plain | floor vs plain | **profile vs floor** (p90) | profile vs plain | all-on vs floor | samples/s | toggles/s | handlers % of CPU |"
+        "| program | build | probes | plain CPU s | compiled vs plain | floor vs plain | **profile vs floor** (p90) | profile vs plain | all-on vs floor | samples/s | toggles/s | handlers % of CPU | sampler % of CPU |"
     );
     let _ = writeln!(
         s,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         let (pf, pf90) = r.ratio(Config::Profile, Config::Floor);
-        let handler = r.stat(Config::Profile, |x| x.handler_ms) / 1e3 / r.cpu(Config::Profile) * 100.0;
+        let share = |ms: f64| ms / 1e3 / r.cpu(Config::Profile) * 100.0;
+        let handler = share(r.stat(Config::Profile, |x| x.handler_ms));
+        let sampler = share(r.stat(Config::Profile, |x| x.sampler_ms));
         let _ = writeln!(
             s,
-            "| {} | {} {} | {:.0} | {:.3} | {} | {} | **{}** ({}) | {} | {} | {:.0} | {:.0} | {:.2} |",
+            "| {} | {} {} | {:.0} | {:.3} | {} | {} | **{}** ({}) | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} |",
             r.program,
             r.compiler.command(),
             r.compiler.instrument_flag(),
@@ -277,7 +282,8 @@ pub fn render_markdown(rows: &[Row], programs: &[Program], header: &str) -> Stri
             pct(r.ratio(Config::AllOn, Config::Floor).0),
             r.stat(Config::Profile, |x| x.samples_per_s),
             r.stat(Config::Profile, |x| x.toggles_per_s),
-            handler
+            handler,
+            sampler
         );
     }
     let _ = writeln!(s);

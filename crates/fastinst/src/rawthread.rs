@@ -207,6 +207,28 @@ pub(crate) fn sleep(d: std::time::Duration) {
     };
 }
 
+/// CPU time the calling thread has used, in nanoseconds, with the system
+/// call itself (callable from a raw thread, and from any other).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) writes `ts`.
+    let ret: isize;
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_clock_gettime => ret,
+            in("rdi") libc::CLOCK_THREAD_CPUTIME_ID,
+            in("rsi") &mut ts as *mut libc::timespec,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+    if ret != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +244,22 @@ mod tests {
         let own = crate::tls::sled_shadow();
         crate::tls::set_sled_shadow(own + 1);
         SEEN.store(((arg as u64) << 8) | crate::tls::sled_shadow(), Ordering::Release);
+    }
+
+    #[test]
+    fn a_thread_cpu_clock_counts_this_threads_work_and_not_its_sleep() {
+        let c0 = thread_cpu_ns();
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let c1 = thread_cpu_ns();
+        sleep(std::time::Duration::from_millis(50));
+        let c2 = thread_cpu_ns();
+        // A loaded machine may take the CPU away during the spin, so only
+        // a lower bound on it; the sleep costs the wake-up alone.
+        assert!(c1 - c0 >= 1_000_000, "a 20 ms spin used {} ns of CPU", c1 - c0);
+        assert!(c2 - c1 < 20_000_000, "a 50 ms sleep used {} ns of CPU", c2 - c1);
     }
 
     #[test]

@@ -175,6 +175,15 @@ fn check_accuracy(cc: &str, flag: &str) {
     for (name, calls) in &t.calls {
         within(&format!("{cc} {name} calls"), f(name).calls_estimated, *calls, 0.10);
     }
+    // The sampler woke ~200 times: its CPU time is reported, and is a
+    // small part of the run.
+    let o = &r.overhead;
+    assert!(
+        o.sampler_ms > 0.0 && o.sampler_ms < r.wall_ms / 4.0,
+        "sampler {:.2} ms in a {:.0} ms run",
+        o.sampler_ms,
+        r.wall_ms
+    );
     within(
         &format!("{cc} leaf total ms"),
         f("leaf").total_ms,

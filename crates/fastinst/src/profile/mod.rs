@@ -213,6 +213,10 @@ pub(crate) struct Profiler {
     /// Probes the raw sampler left off because switching them on takes a
     /// word patch (a sled with no `ret` trampoline in reach).
     rearm_skipped: AtomicU64,
+    /// CPU time the sampler thread has used (ns), on-demand reports aside:
+    /// its re-arming and its wake-ups, a cost the handlers' time does not
+    /// show.
+    sampler_ns: AtomicU64,
     pub out: PathBuf,
     pub program: String,
 }
@@ -626,12 +630,17 @@ fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool) {
 fn sampler_pthread() {
     let Some(p) = get() else { return };
     let mut due = Vec::with_capacity(BATCH);
+    let mut dumping = 0;
     while !p.stop.load(Ordering::Relaxed) {
         std::thread::sleep(p.settings.epoch);
         epoch(p, &mut due, false);
         if p.dump.swap(false, Ordering::AcqRel) {
+            let before = crate::rawthread::thread_cpu_ns();
             write_reports(true);
+            dumping += crate::rawthread::thread_cpu_ns().saturating_sub(before);
         }
+        let used = crate::rawthread::thread_cpu_ns().saturating_sub(dumping);
+        p.sampler_ns.store(used, Ordering::Relaxed);
     }
 }
 
@@ -647,6 +656,7 @@ extern "C" fn sampler_raw(arg: usize) {
             break;
         }
         epoch(p, due, true);
+        p.sampler_ns.store(crate::rawthread::thread_cpu_ns(), Ordering::Relaxed);
     }
 }
 
@@ -673,6 +683,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         stop: AtomicBool::new(false),
         dump: AtomicBool::new(false),
         rearm_skipped: AtomicU64::new(0),
+        sampler_ns: AtomicU64::new(0),
         out,
         program,
     });
@@ -806,6 +817,8 @@ pub(crate) fn fork_child() {
     p.counters.reset();
     // The child's own toggles, counted after the parent's are forgotten.
     p.counters.toggles.store(rearmed, Ordering::Relaxed);
+    // Its sampler is a new thread, whose CPU clock starts at 0.
+    p.sampler_ns.store(0, Ordering::Relaxed);
     start_sampler();
 }
 

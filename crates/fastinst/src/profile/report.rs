@@ -17,7 +17,7 @@
 //! JSON schema `fastinst-profile/2`: `{schema, program, pid, wall_ms,
 //! tsc_mhz, settings: {samples_per_window, epoch_ms}, overhead: {probes,
 //! functions, samples, samples_per_s, toggles, toggles_per_s, handler_ms,
-//! unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread,
+//! sampler_ms, unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread,
 //! stacks_merged},
 //! functions: [{name, address, calls_sampled, calls_estimated, total_ms,
 //! self_ms, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
@@ -207,6 +207,10 @@ pub struct Overhead {
     pub toggles_per_s: f64,
     /// Time spent in the profiler's handlers, all threads.
     pub handler_ms: f64,
+    /// CPU time of the sampler thread (re-arming each epoch and waking up
+    /// for it); 0 in reports written before it was recorded.
+    #[serde(default)]
+    pub sampler_ms: f64,
     /// Exits whose entry was not sampled (dropped).
     pub unmatched_exits: u64,
     /// Sampled activations left without an exit (longjmp, exceptions,
@@ -446,6 +450,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             toggles,
             toggles_per_s: toggles as f64 / wall_s,
             handler_ms: ms(c(|c| &c.handler_ticks) as f64),
+            sampler_ms: p.sampler_ns.load(Ordering::Relaxed) as f64 / 1e6,
             unmatched_exits: c(|c| &c.unmatched_exits),
             abandoned_frames: c(|c| &c.abandoned),
             too_deep: c(|c| &c.too_deep),
@@ -555,8 +560,15 @@ pub fn render_text(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in handlers",
-        o.probes, o.functions, o.samples, o.samples_per_s, o.toggles, o.toggles_per_s, o.handler_ms
+        "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in handlers, {:.2} ms of sampler CPU",
+        o.probes,
+        o.functions,
+        o.samples,
+        o.samples_per_s,
+        o.toggles,
+        o.toggles_per_s,
+        o.handler_ms,
+        o.sampler_ms
     );
     let _ = writeln!(
         s,
