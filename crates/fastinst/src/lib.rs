@@ -31,6 +31,7 @@ pub mod api;
 pub mod capi;
 mod discovery;
 pub mod error;
+mod heap;
 pub mod hooks;
 pub mod log;
 pub mod modules;
@@ -43,10 +44,17 @@ pub mod registry;
 mod segmented;
 pub mod sitetable;
 pub mod sled;
+mod spin;
 pub mod stats;
 mod tls;
 mod toggle;
 pub mod tools;
+
+/// While the program runs, every allocation of this library's Rust code
+/// comes from its own mappings, not from the program's `malloc` heap (see
+/// [`heap`]).
+#[global_allocator]
+static HEAP: heap::Heap = heap::Heap;
 
 pub use api::{
     activate, activate_function, deactivate, deactivate_function, handler, inactive_hits, is_active, on_discovery,

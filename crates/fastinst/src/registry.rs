@@ -60,13 +60,7 @@ impl Probe {
     }
 
     pub(crate) fn lock(&self) -> ProbeGuard<'_> {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        crate::spin::acquire(&self.lock);
         ProbeGuard(self)
     }
 }

@@ -275,13 +275,7 @@ unsafe impl Sync for SpinVec {}
 
 impl SpinVec {
     fn acquire(&self) {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        crate::spin::acquire(&self.lock);
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Vec<(u32, bool)>) -> R) -> R {

@@ -58,13 +58,7 @@ impl Sled {
     }
 
     fn lock(&self) -> Guard<'_> {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
+        crate::spin::acquire(&self.lock);
         Guard(&self.lock)
     }
 
