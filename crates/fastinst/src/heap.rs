@@ -299,20 +299,33 @@ fn class(layout: Layout) -> Option<usize> {
     (size <= MAX_SMALL).then(|| (size / MIN_BLOCK).trailing_zeros() as usize)
 }
 
-fn map(len: usize) -> Option<usize> {
+/// A fresh private anonymous mapping of `len` bytes with protection
+/// `prot`, zero-filled; the runtime's one way to memory of its own (this
+/// heap, the raw sampler's stack, the sled shadow stacks). It allocates
+/// nothing, not even for its error, so the allocator and signal handlers
+/// may call it.
+pub(crate) fn map(len: usize, prot: i32) -> std::io::Result<usize> {
     // SAFETY: a fresh private anonymous mapping; no existing memory is
     // touched.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
     };
-    (p != libc::MAP_FAILED).then_some(p as usize)
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p as usize)
+    }
+}
+
+fn map_rw(len: usize) -> Option<usize> {
+    map(len, libc::PROT_READ | libc::PROT_WRITE).ok()
 }
 
 fn unmap(p: usize, len: usize) {
@@ -330,11 +343,11 @@ fn round_up(n: usize, to: usize) -> usize {
 /// A mapping of `len` bytes (whole pages) at an address aligned to `align`.
 fn map_aligned(len: usize, align: usize) -> Option<usize> {
     if align <= PAGE {
-        return map(len);
+        return map_rw(len);
     }
     // Over-map, then give back what lies outside the aligned block, so
     // that the block is exactly what is unmapped when it is freed.
-    let base = map(len + align)?;
+    let base = map_rw(len + align)?;
     let start = round_up(base, align);
     unmap(base, start - base);
     unmap(start + len, base + align - start);

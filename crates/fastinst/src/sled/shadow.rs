@@ -122,20 +122,11 @@ fn stack_or_alloc() -> *mut Stack {
     if !s.is_null() {
         return s;
     }
-    // SAFETY: anonymous private mapping; zero-filled, so top = 0.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    // Zero-filled, so top = 0.
+    let Ok(p) = crate::heap::map(BYTES, libc::PROT_READ | libc::PROT_WRITE) else {
         return std::ptr::null_mut();
-    }
+    };
+    let p = p as *mut libc::c_void;
     let s = p as *mut Stack;
     // SAFETY: the fresh mapping is ours.
     unsafe { (*s).cap = CAPACITY };
