@@ -172,6 +172,11 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 /// Registers the process for SYNC_CORE barriers (once); a clear error where the
 /// kernel lacks them. Must be called (it is, by patch functions given
 /// [`Wait::SyncCore`]) before any barrier.
+///
+/// Best called while the process has one thread (so does
+/// [`default_wait`], which calls it when it picks SyncCore): Linux then
+/// returns at once, but with a second thread the registration waits out an
+/// RCU grace period, measured at 9-29 ms on this project's VM.
 pub fn ensure_sync_core() -> Result<(), Error> {
     REGISTERED
         .get_or_init(|| {
