@@ -95,8 +95,8 @@ fn start() {
     // kernel makes a registration wait out an RCU grace period once a
     // second thread shares the memory (none while there is one). Left to
     // the first straddling patch, it landed after the profiler's sampler
-    // had started: 6.5 ms of SQLite's first argument rewrite, ~0.5% of its
-    // run.
+    // had started: SQLite's first straddling argument rewrite took 6.5 ms,
+    // and a profiled run's start-up 8-17 ms more than the floor's.
     let (wait, source) = wordpatch::default_wait();
     log::debug(format_args!("straddler wait {wait:?} ({source:?})"));
     crate::set_strategy(parse_or_warn::<Strategy>("FASTINST_STRATEGY", Strategy::Flip));
