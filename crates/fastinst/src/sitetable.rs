@@ -71,16 +71,16 @@ const ADDR: u64 = (1 << 56) - 1;
 /// slots placed by a Fibonacci hash of the page; inside it a key's home is
 /// its page offset / 4, turned by a quarter of the block per key space and
 /// by four slots per sub-kind (so a site's keys of several kinds do not
-/// contend for one home). Why not hash the whole key: start-up inserts thousands of
-/// keys, and a hash that scatters them touches a fresh page of this 12 MiB
-/// table (a page fault, about a microsecond) for most of them: 5,000 faults
-/// at SQLite's start with sled probes. Keyed by page, a code page's keys of
-/// every kind share three table pages (two of keys, one of values); the
-/// block is placed by the address alone, never by the kind, or each kind
-/// would take three pages of its own (it did: QuickJS's function extents
-/// doubled its start-up faults). A block holds four slots per code word, so
-/// even a page of tiny instrumented functions (a few hundred keys) fills
-/// under half of it and lookups stay a probe or two.
+/// contend for one home). Why not hash the whole key: start-up inserts
+/// thousands of keys, and a hash that scatters them touches a fresh page of
+/// this 12 MiB table (a page fault, about a microsecond) for most of them:
+/// 5,000 faults at SQLite's start with sled probes. Keyed by page, a code
+/// page's keys of every kind share three table pages (two of keys, one of
+/// values); the block is placed by the address alone, never by the kind, or
+/// each kind would take three pages of its own (it did: QuickJS's function
+/// extents doubled its start-up faults). A block holds four slots per code
+/// word, so even a page of tiny instrumented functions (a few hundred keys)
+/// fills under half of it and lookups stay a probe or two.
 #[inline(always)]
 fn slot(k: u64) -> usize {
     let addr = k & ADDR;

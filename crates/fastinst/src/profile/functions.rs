@@ -37,20 +37,21 @@
 //! with the probes off. The program is slower in the window than outside
 //! it, so the rate came out low: on `tests/c/jumps.c` (a 20 us loop) the
 //! steady function read -5.2% to -10.7% (mean -7.8%, 60 runs of its gcc
-//! `-finstrument-functions` and sled builds), once -10.3% in CI against
-//! the test's 10% bound, where the offset alone accounts for -3.2%. So when one thread made both the window's first and K-th calls,
-//! the handler time that thread spent between them ([`Func::kth_call`],
-//! the thread's own handler clock, [`super::local::handler_clock`]) is
-//! taken off the window and off the epoch: the rate is in the program's
-//! own time. The same loop now reads -2.3% to -7.9% (mean -4.7%, 60 runs). What is
-//! left is the offset, the hook dispatch before a handler starts its clock
-//! (the site-table lookup, often a cache miss), and the window's cold first
+//! `-finstrument-functions` and sled builds), once -10.3% in CI against the
+//! test's 10% bound, where the offset alone accounts for -3.2%. So when one
+//! thread made both the window's first and K-th calls, the handler time
+//! that thread spent between them ([`Func::kth_call`], the thread's own
+//! handler clock, [`super::local::handler_clock`]) is taken off the window
+//! and off the epoch: the rate is in the program's own time. The same loop
+//! now reads -2.3% to -7.9% (mean -4.7%, 60 runs). What is left is the
+//! offset, the hook dispatch before a handler starts its clock (the
+//! site-table lookup, often a cache miss), and the window's cold first
 //! call. (That loop spins on the clock, and hooks inside the spin, of an
 //! inlined `now_ns`, do not lengthen it, so there some handler time is
 //! taken off that did not slow the program; work that is not timed by the
-//! clock is slowed by all of it.) Calls spread over
-//! threads get no correction: another thread's handlers do not slow this
-//! one, and those arrivals look Poisson, for which the offset reads high.
+//! clock is slowed by all of it.) Calls spread over threads get no
+//! correction: another thread's handlers do not slow this one, and those
+//! arrivals look Poisson, for which the offset reads high.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
