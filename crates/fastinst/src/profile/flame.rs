@@ -6,15 +6,26 @@
 //! folded text, of which the flame graph draws about a thousand frames:
 //! inferno took ~9 ms of the ~30 ms the reports cost at exit.
 //!
-//! [`drawable_lines`] cuts each path after its last frame that inferno
-//! would draw (keeping the first one it would not, or the root) and merges
-//! consecutive paths that become alike. inferno's frames are runs of
-//! consecutive lines that share a prefix (`flow` in its `merge.rs`); the
-//! widths are computed here the same way, over the same folded names, and
-//! with inferno's threshold expression, so every frame it draws spans the
-//! same lines with the same weights, starts and ends at the same time, and
-//! closes in the same order: the SVG is byte for byte the one the whole
-//! folded stacks give (tested, on a generated report and against SQLite's).
+//! [`drawable_lines`] cuts each path before its first frame that inferno
+//! would not draw (keeping the root, whose weight counts in the total even
+//! when it is not drawn) and merges consecutive paths that become alike.
+//! inferno's frames are runs of consecutive lines that share a prefix
+//! (`flow` in its `merge.rs`); the widths are computed here the same way,
+//! over the same folded names, and with inferno's threshold expression, so
+//! every frame it draws spans the same lines with the same weights, starts
+//! and ends at the same time, and closes in the same order. A cut line's
+//! weight stays where it was, inside its parent's run, so the siblings
+//! after it start where they did: the SVG is byte for byte the one the
+//! whole folded stacks give (tested, on generated reports and against
+//! SQLite's).
+//!
+//! The cut lines keep their order but no longer sort (`a;b` after
+//! `a;b;c`), so they are handed to inferno as a flame chart, whose only
+//! difference is that it takes the lines in the order given (reversed)
+//! instead of checking that they sort. Keeping the first narrow frame
+//! instead, as this did first, kept them sorted but drew the same graph
+//! from 2.2 times as many lines and frames (QuickJS: 2,362 lines and 36,900
+//! frames against 1,056 and 15,600).
 
 use super::report::{folded_name, folded_weight, push_folded, Report};
 use std::fmt::Write as _;
@@ -47,9 +58,9 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
     // below rounds as its own does.
     let widthpertime_pct = 100.0 / total as f64;
     let minwidth_time = min_width / widthpertime_pct;
-    // cut[i]: frames of line i to keep: up to the shallowest frame that is
-    // too narrow to draw, that one included (it is pruned, and keeping it
-    // keeps a line whose every frame is narrow).
+    // cut[i]: frames of line i to keep: those above the shallowest frame
+    // that is too narrow to draw, or the root alone (a line with no frame
+    // would be dropped, and its weight with it).
     let mut cut: Vec<usize> = lines.iter().map(|l| l.0.len()).collect();
     // Open runs, one per depth: (first line, weight before it).
     let mut open: Vec<(usize, u64)> = Vec::new();
@@ -64,7 +75,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
             let (first, at) = open.pop().expect("longer than keep");
             if ((before - at) as f64) < minwidth_time {
                 for c in &mut cut[first..i] {
-                    *c = (*c).min(depth + 1);
+                    *c = (*c).min(depth.max(1));
                 }
             }
         }
@@ -171,12 +182,11 @@ mod tests {
             let whole = render_folded(&r);
             let drawable = drawable_lines(&r, flame_options(&r).min_width);
             assert!(
-                drawable.lines().count() * 4 < whole.lines().count() * 3,
+                drawable.lines().count() * 2 < whole.lines().count(),
                 "seed {seed}: {} of {} lines kept",
                 drawable.lines().count(),
                 whole.lines().count()
             );
-            assert!(lines_sorted(&drawable), "seed {seed}");
             same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
         }
     }
@@ -189,7 +199,7 @@ mod tests {
         for seed in 1..=20 {
             let r = random_report(&names, seed * 0x2545_F491, 2000);
             assert!(
-                lines_sorted(&drawable_lines(&r, 0.01)),
+                lines_sorted(&render_folded(&r)),
                 "seed {seed}: drawn from the cut lines"
             );
             same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
@@ -197,8 +207,7 @@ mod tests {
     }
 
     /// Names that extend one another with a byte below `;` (`f`, `f.cold`,
-    /// `f2`): a cut line may then sort before its neighbour, and such a
-    /// report is drawn from its whole lines, as before.
+    /// `f2`): the cut lines, which need not sort, draw the same graph.
     #[test]
     fn names_that_extend_each_other_draw_as_before() {
         let names = ["main", "f", "f.cold", "f2", "g h", "g_h", "a", "a:b"];

@@ -801,18 +801,15 @@ fn svg_of_folded(r: &Report, folded: &str) -> Result<String, String> {
     let sorted = lines_sorted(folded);
     let mut out = Vec::new();
     if sorted {
-        // The same flame graph from the frames it draws (`flame.rs`). A cut
-        // path can land after a sibling whose name extends its last frame
-        // with a byte below `;` (`a;f` after `a;f.cold`), an order inferno
-        // refuses: such a report is drawn from its whole lines.
+        // The same flame graph from the frames it draws (`flame.rs`), whose
+        // lines keep the folded order without sorting: a flame chart is
+        // inferno's way to take lines in the order given (it reverses them
+        // first, and does nothing else differently).
         let drawable = super::flame::drawable_lines(r, opt.min_width);
-        if lines_sorted(&drawable) {
-            opt.no_sort = true;
-            inferno::flamegraph::from_lines(&mut opt, drawable.lines(), &mut out).map_err(|e| e.to_string())?;
-            return String::from_utf8(out).map_err(|e| e.to_string());
-        }
+        opt.flame_chart = true;
+        inferno::flamegraph::from_lines(&mut opt, drawable.lines().rev(), &mut out).map_err(|e| e.to_string())?;
+        return String::from_utf8(out).map_err(|e| e.to_string());
     }
-    opt.no_sort = sorted;
     inferno::flamegraph::from_lines(&mut opt, folded.lines(), &mut out).map_err(|e| e.to_string())?;
     String::from_utf8(out).map_err(|e| e.to_string())
 }
