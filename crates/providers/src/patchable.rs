@@ -45,7 +45,7 @@ pub const SLED_LEN: usize = 5;
 /// The 5-byte NOP one-byte-NOP sleds are normalised to (see the module doc).
 pub const NORMALISED: [u8; SLED_LEN] = [0x66, 0x66, 0x66, 0x66, 0x90];
 /// clang's sled for `N = 5`: one 5-byte NOP (`nopl 0x8(%rax,%rax,1)`).
-pub const CLANG_NOP5: [u8; SLED_LEN] = [0x0f, 0x1f, 0x44, 0x00, 0x08];
+const CLANG_NOP5: [u8; SLED_LEN] = [0x0f, 0x1f, 0x44, 0x00, 0x08];
 /// Sleds whose decoding is fixed, NOPs that end at entry + 5 (each checked
 /// by a test below), so [`sled_at`] takes them without the decoder: its
 /// tables cost ~1 ms to build at a sled build's start-up, and decoding

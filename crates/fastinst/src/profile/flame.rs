@@ -180,6 +180,7 @@ mod tests {
         for seed in 1..=20 {
             let r = random_report(&names, seed * 0x9E37_79B9, 3000);
             let whole = render_folded(&r);
+            assert!(lines_sorted(&whole), "seed {seed}: drawn from the cut lines");
             let drawable = drawable_lines(&r, flame_options(&r).min_width);
             assert!(
                 drawable.lines().count() * 2 < whole.lines().count(),
@@ -213,6 +214,10 @@ mod tests {
         let names = ["main", "f", "f.cold", "f2", "g h", "g_h", "a", "a:b"];
         for seed in 1..=20 {
             let r = random_report(&names, seed * 0x2545_F491, 2000);
+            assert!(
+                lines_sorted(&render_folded(&r)),
+                "seed {seed}: drawn from the cut lines"
+            );
             same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
         }
     }
