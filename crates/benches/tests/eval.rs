@@ -79,7 +79,7 @@ fn quick_sections_write_complete_tables_json_and_plots() {
         }
     }
     let inv = t2["invocations"].as_array().unwrap();
-    assert_eq!(inv.len(), 3 + 2 * 4 + 4, "{inv:?}");
+    assert_eq!(inv.len(), 3 + 2 * 4 + 4 + 4, "{inv:?}");
     for x in inv {
         finite(&x["ticks"]["median"], x["case"].as_str().unwrap());
     }
@@ -91,6 +91,7 @@ fn quick_sections_write_complete_tables_json_and_plots() {
     };
     assert!(case("finstrument, entry and exit on") > case("finstrument, off (flip)"));
     assert!(case("sled, entry and exit on") > case("sled, off (flip)"));
+    assert!(case("sled, entry and exit on, 8 frames deep") > case("sled, off, 8 frames deep"));
 
     // Fig. 10: 4 strategies x 2 operations x 2 classes, about 10% straddlers.
     let f10 = &r["fig10"];

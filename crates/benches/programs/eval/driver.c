@@ -146,6 +146,28 @@ NI static void loop_cost(const char *name, void (*f)(void), int reps) {
     free(v);
 }
 
+/* Eight plain frames above the measured call, each returning after the one
+ * below: a probe that upsets the return-stack predictor (a sled exit that
+ * returned by `ret` through the substituted slot did) makes every one of
+ * these returns mispredict, which a call straight from the loop hides. */
+NI static void deep0(void (*f)(void)) { f(); __asm__ volatile(""); }
+#define DEEP(n, m) NI static void n(void (*f)(void)) { m(f); __asm__ volatile(""); }
+DEEP(deep1, deep0) DEEP(deep2, deep1) DEEP(deep3, deep2) DEEP(deep4, deep3)
+DEEP(deep5, deep4) DEEP(deep6, deep5) DEEP(deep7, deep6)
+
+NI static void loop_cost_deep(const char *name, void (*f)(void), int reps) {
+    double *v = malloc(reps * sizeof *v);
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = now();
+        for (int i = 0; i < BATCH; i++) deep7(f);
+        v[r] = (double)(now() - t0) / BATCH;
+    }
+    printf("{\"sec\":\"invoke\",\"case\":\"%s\"", name);
+    print_samples("ticks", v, reps);
+    printf("}\n");
+    free(v);
+}
+
 NI static void table2(int reps) {
     discover();
     double *off = malloc(reps * sizeof *off), *on = malloc(reps * sizeof *on);
@@ -221,6 +243,14 @@ NI static void table2(int reps) {
     loop_cost("sled, entry on (empty handler)", sled_hot, reps);
     check(fastinst_activate(sled_exit, empty_handler), "activate");
     loop_cost("sled, entry and exit on", sled_hot, reps);
+    loop_cost_deep("finstrument, entry and exit on, 8 frames deep", hot, reps);
+    loop_cost_deep("sled, entry and exit on, 8 frames deep", sled_hot, reps);
+    check(fastinst_deactivate(hot_entry), "deactivate");
+    check(fastinst_deactivate(hot_exit), "deactivate");
+    check(fastinst_deactivate(sled_entry), "deactivate");
+    check(fastinst_deactivate(sled_exit), "deactivate");
+    loop_cost_deep("plain call, 8 frames deep", plain_fn, reps);
+    loop_cost_deep("sled, off, 8 frames deep", sled_hot, reps);
     free(off);
     free(on);
 }

@@ -13,7 +13,10 @@
 //! of a plain static function keeps values in caller-saved registers across
 //! the call; with a sled on the callee it keeps them in callee-saved ones),
 //! and clang does no such allocation, so a caller assumes only what the ABI
-//! promises. At the entry, the trampoline therefore preserves what an entry
+//! promises. That holds for the `-fpatchable-function-entry` option, not for
+//! gcc's `patchable_function_entry` attribute on single functions, whose
+//! callers' callers may keep values in caller-saved registers across the
+//! call unless built with `-fno-ipa-ra` (README, "Known limits"). At the entry, the trampoline therefore preserves what an entry
 //! may depend on: the argument registers (`rdi rsi rdx rcx r8 r9`), `rax`
 //! (the vector-register count of a varargs call), `r10` (the static chain),
 //! `r11`, the arithmetic flags, and the argument vector registers 0–7 at
@@ -134,8 +137,17 @@ macro_rules! trampolines {
             "pop rdx",
             "pop rax",
             "pop rbp",
-            "lea rsp, [rsp + 8]",
-            "ret",
+            // Continue at the original return address by an indirect jump,
+            // not `ret`: the function's own `ret` (to here) already took
+            // its entry off the return-stack predictor, so a second `ret`
+            // would take the caller's, and every return above this frame
+            // would be predicted one frame off until the predictor
+            // refilled. r11 is scratch at a return (not preserved, not a
+            // return register), and the handler call above clobbers it
+            // anyway.
+            "mov r11, qword ptr [rsp + 8]",
+            "lea rsp, [rsp + 16]",
+            "jmp r11",
             concat!(".size ", stringify!($ret), ", . - ", stringify!($ret)),
             ".popsection",
             enter = sym shadow::sled_enter,
