@@ -133,19 +133,6 @@ NI void guarded_fn(void) {
     __asm__ volatile("");
 }
 
-NI static void loop_cost(const char *name, void (*f)(void), int reps) {
-    double *v = malloc(reps * sizeof *v);
-    for (int r = 0; r < reps; r++) {
-        uint64_t t0 = now();
-        for (int i = 0; i < BATCH; i++) f();
-        v[r] = (double)(now() - t0) / BATCH;
-    }
-    printf("{\"sec\":\"invoke\",\"case\":\"%s\"", name);
-    print_samples("ticks", v, reps);
-    printf("}\n");
-    free(v);
-}
-
 /* Eight plain frames above the measured call, each returning after the one
  * below: a probe that upsets the return-stack predictor (a sled exit that
  * returned by `ret` through the substituted slot did) makes every one of
@@ -155,11 +142,16 @@ NI static void deep0(void (*f)(void)) { f(); __asm__ volatile(""); }
 DEEP(deep1, deep0) DEEP(deep2, deep1) DEEP(deep3, deep2) DEEP(deep4, deep3)
 DEEP(deep5, deep4) DEEP(deep6, deep5) DEEP(deep7, deep6)
 
-NI static void loop_cost_deep(const char *name, void (*f)(void), int reps) {
+/* Ticks per call of `f`, from the loop itself or (`deep`) from under the
+ * eight frames of `deep7`. */
+NI static void loop_cost_at(const char *name, void (*f)(void), int deep, int reps) {
     double *v = malloc(reps * sizeof *v);
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = now();
-        for (int i = 0; i < BATCH; i++) deep7(f);
+        if (deep)
+            for (int i = 0; i < BATCH; i++) deep7(f);
+        else
+            for (int i = 0; i < BATCH; i++) f();
         v[r] = (double)(now() - t0) / BATCH;
     }
     printf("{\"sec\":\"invoke\",\"case\":\"%s\"", name);
@@ -216,12 +208,12 @@ NI static void table2(int reps) {
     for (int i = 0; i < n_probes; i++) check(fastinst_deactivate(probes[i].id), "deactivate");
 
     printf("{\"sec\":\"hot\",\"finstrument_split\":%d,\"sled_split\":%d}\n", hot_split, sled_split);
-    loop_cost("plain call", plain_fn, reps);
+    loop_cost_at("plain call", plain_fn, 0, reps);
     guard_flag[7] = 0;
     guard_fn[7] = empty_handler;
-    loop_cost("static guard, off", guarded_fn, reps);
+    loop_cost_at("static guard, off", guarded_fn, 0, reps);
     guard_flag[7] = 1;
-    loop_cost("static guard, on (empty handler)", guarded_fn, reps);
+    loop_cost_at("static guard, on (empty handler)", guarded_fn, 0, reps);
     for (int s = 0; s < 4; s++) {
         char name[96];
         check(fastinst_set_strategy(strategies[s]), "set_strategy");
@@ -230,27 +222,27 @@ NI static void table2(int reps) {
         check(fastinst_deactivate(sled_entry), "deactivate");
         check(fastinst_deactivate(sled_exit), "deactivate");
         snprintf(name, sizeof name, "finstrument, off (%s)", strategies[s]);
-        loop_cost(name, hot, reps);
+        loop_cost_at(name, hot, 0, reps);
         snprintf(name, sizeof name, "sled, off (%s)", strategies[s]);
-        loop_cost(name, sled_hot, reps);
+        loop_cost_at(name, sled_hot, 0, reps);
     }
     check(fastinst_set_strategy("flip"), "set_strategy");
     check(fastinst_activate(hot_entry, empty_handler), "activate");
-    loop_cost("finstrument, entry on (empty handler)", hot, reps);
+    loop_cost_at("finstrument, entry on (empty handler)", hot, 0, reps);
     check(fastinst_activate(hot_exit, empty_handler), "activate");
-    loop_cost("finstrument, entry and exit on", hot, reps);
+    loop_cost_at("finstrument, entry and exit on", hot, 0, reps);
     check(fastinst_activate(sled_entry, empty_handler), "activate");
-    loop_cost("sled, entry on (empty handler)", sled_hot, reps);
+    loop_cost_at("sled, entry on (empty handler)", sled_hot, 0, reps);
     check(fastinst_activate(sled_exit, empty_handler), "activate");
-    loop_cost("sled, entry and exit on", sled_hot, reps);
-    loop_cost_deep("finstrument, entry and exit on, 8 frames deep", hot, reps);
-    loop_cost_deep("sled, entry and exit on, 8 frames deep", sled_hot, reps);
+    loop_cost_at("sled, entry and exit on", sled_hot, 0, reps);
+    loop_cost_at("finstrument, entry and exit on, 8 frames deep", hot, 1, reps);
+    loop_cost_at("sled, entry and exit on, 8 frames deep", sled_hot, 1, reps);
     check(fastinst_deactivate(hot_entry), "deactivate");
     check(fastinst_deactivate(hot_exit), "deactivate");
     check(fastinst_deactivate(sled_entry), "deactivate");
     check(fastinst_deactivate(sled_exit), "deactivate");
-    loop_cost_deep("plain call, 8 frames deep", plain_fn, reps);
-    loop_cost_deep("sled, off, 8 frames deep", sled_hot, reps);
+    loop_cost_at("plain call, 8 frames deep", plain_fn, 1, reps);
+    loop_cost_at("sled, off, 8 frames deep", sled_hot, 1, reps);
     free(off);
     free(on);
 }
