@@ -48,51 +48,67 @@ pub(crate) mod key {
     }
 }
 
-// Page-aligned, so a block's keys are exactly two pages and its values
-// one (`prepare`).
+/// A key and its value side by side, four to a cache line: a lookup that
+/// misses the caches loads one line, not a key's line and then its value's
+/// (the two arrays this table used to be), and a code page's block is two
+/// table pages, not three.
+#[repr(C)]
+struct Slot {
+    key: AtomicU64,
+    val: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16);
+
+// Page-aligned, so a block is exactly two pages (`prepare`).
 #[repr(C, align(4096))]
 struct Table {
-    keys: [AtomicU64; CAPACITY],
-    vals: [AtomicU32; CAPACITY],
+    slots: [Slot; CAPACITY],
 }
 
 static TABLE: Table = Table {
-    keys: [const { AtomicU64::new(EMPTY) }; CAPACITY],
-    vals: [const { AtomicU32::new(0) }; CAPACITY],
+    slots: [const {
+        Slot {
+            key: AtomicU64::new(EMPTY),
+            val: AtomicU32::new(0),
+        }
+    }; CAPACITY],
 };
 
-/// Slots per block (log2): the keys of one 4 KiB code page.
-const WITHIN: u32 = 10;
+/// Slots per block (log2): the keys of one 4 KiB code page, two table
+/// pages.
+const WITHIN: u32 = 9;
 /// The code address inside a key: below the key spaces (bits 62-63) and
 /// the sub-kinds of space 1 (bits 56-57).
 const ADDR: u64 = (1 << 56) - 1;
 
-/// A key's home slot. The keys of one code page share a block of 1,024
+/// A key's home slot. The keys of one code page share a block of 512
 /// slots placed by a Fibonacci hash of the page; inside it a key's home is
-/// its page offset / 4, turned by a quarter of the block per key space and
-/// by four slots per sub-kind (so a site's keys of several kinds do not
+/// its page offset / 8, turned by a quarter of the block per key space and
+/// by two slots per sub-kind (so a site's keys of several kinds do not
 /// contend for one home). Why not hash the whole key: start-up inserts
 /// thousands of keys, and a hash that scatters them touches a fresh page of
 /// this 12 MiB table (a page fault, about a microsecond) for most of them:
 /// 5,000 faults at SQLite's start with sled probes. Keyed by page, a code
-/// page's keys of every kind share three table pages (two of keys, one of
-/// values); the block is placed by the address alone, never by the kind, or
-/// each kind would take three pages of its own (it did: QuickJS's function
-/// extents doubled its start-up faults). A block holds four slots per code
-/// word, so even a page of tiny instrumented functions (a few hundred keys)
-/// fills under half of it and lookups stay a probe or two.
+/// page's keys of every kind share two table pages (three before keys and
+/// values were interleaved); the block is placed by the address alone,
+/// never by the kind, or each kind would take pages of its own (it did:
+/// QuickJS's function extents doubled its start-up faults). A block holds
+/// a slot per 8 bytes of code, so even a page of tiny instrumented
+/// functions (a few hundred keys) fills about half of it; a key's probe
+/// sequence stays within a line or two, four slots to a line.
 #[inline(always)]
 fn slot(k: u64) -> usize {
     let addr = k & ADDR;
     let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
-    // k >> 54: the space times 256 plus the sub-kind times 4 (bits 54-55
-    // of a code address are 0), one shift on the hook's path.
-    let home = ((addr >> 2) as usize + (k >> 54) as usize) & ((1 << WITHIN) - 1);
+    // k >> 55: the space times 128 plus the sub-kind times 2 (bit 55 of a
+    // code address is 0), one shift on the hook's path.
+    let home = ((addr >> 3) as usize + (k >> 55) as usize) & ((1 << WITHIN) - 1);
     (block << WITHIN) | home
 }
 
-/// Faults in, for writing, the three table pages that hold the keys of
-/// code page `addr`. Start-up calls it before it looks up and inserts a
+/// Faults in, for writing, the two table pages that hold the keys of code
+/// page `addr`. Start-up calls it before it looks up and inserts a
 /// code page's keys: a first read of an untouched page maps the shared
 /// zero page and the insert after it faults a second time to copy it, so
 /// reading first doubled the faults. A compare-exchange of 0 for 0 changes
@@ -103,9 +119,10 @@ fn slot(k: u64) -> usize {
 pub(crate) fn prepare(addr: u64) {
     let block = slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1);
     for i in [block, block + (1 << WITHIN) / 2] {
-        let _ = TABLE.keys[i].compare_exchange(EMPTY, EMPTY, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = TABLE.slots[i]
+            .key
+            .compare_exchange(EMPTY, EMPTY, Ordering::Relaxed, Ordering::Relaxed);
     }
-    let _ = TABLE.vals[block].compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// The value under `k`. Lock-free.
@@ -113,9 +130,10 @@ pub(crate) fn prepare(addr: u64) {
 pub fn get(k: u64) -> Option<u32> {
     let mut i = slot(k);
     loop {
-        let cur = TABLE.keys[i].load(Ordering::Acquire);
+        let s = &TABLE.slots[i];
+        let cur = s.key.load(Ordering::Acquire);
         if cur == k {
-            return Some(TABLE.vals[i].load(Ordering::Relaxed));
+            return Some(s.val.load(Ordering::Relaxed));
         }
         if cur == EMPTY {
             return None;
@@ -131,18 +149,19 @@ pub(crate) fn insert(k: u64, v: u32) -> bool {
     let mut i = slot(k);
     let mut free = None;
     for _ in 0..CAPACITY {
-        let cur = TABLE.keys[i].load(Ordering::Relaxed);
+        let s = &TABLE.slots[i];
+        let cur = s.key.load(Ordering::Relaxed);
         if cur == k {
-            TABLE.vals[i].store(v, Ordering::Relaxed);
+            s.val.store(v, Ordering::Relaxed);
             return true;
         }
         if cur == TOMBSTONE && free.is_none() {
             free = Some(i);
         }
         if cur == EMPTY {
-            let at = free.unwrap_or(i);
-            TABLE.vals[at].store(v, Ordering::Relaxed);
-            TABLE.keys[at].store(k, Ordering::Release);
+            let at = &TABLE.slots[free.unwrap_or(i)];
+            at.val.store(v, Ordering::Relaxed);
+            at.key.store(k, Ordering::Release);
             return true;
         }
         i = (i + 1) & (CAPACITY - 1);
@@ -154,9 +173,10 @@ pub(crate) fn insert(k: u64, v: u32) -> bool {
 pub(crate) fn remove(k: u64) {
     let mut i = slot(k);
     loop {
-        let cur = TABLE.keys[i].load(Ordering::Relaxed);
+        let s = &TABLE.slots[i];
+        let cur = s.key.load(Ordering::Relaxed);
         if cur == k {
-            TABLE.keys[i].store(TOMBSTONE, Ordering::Release);
+            s.key.store(TOMBSTONE, Ordering::Release);
             return;
         }
         if cur == EMPTY {
@@ -192,8 +212,8 @@ mod tests {
 
     #[test]
     fn every_kind_of_key_of_a_code_page_lives_in_its_block() {
-        // Start-up faults in a block's three table pages per code page; a
-        // kind of key hashed to another block would cost three more.
+        // Start-up faults in a block's two table pages per code page; a
+        // kind of key hashed to another block would cost two more.
         let page = 0x5555_1234_5000u64;
         for off in [0u64, 5, 0x7ff, 0xffb] {
             let a = page + off;
@@ -215,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_dense_page_in_every_key_space_spills_into_later_blocks() {
-        // 4 x 4,096 keys of one code page (every byte): 16 times what its
+        // 4 x 4,096 keys of one code page (every byte): 32 times what its
         // block holds.
         let base = 0x6666_0000_1000u64;
         let keys: Vec<u64> = (0..4096u64)
