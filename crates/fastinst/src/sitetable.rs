@@ -88,7 +88,7 @@ const ADDR: u64 = (1 << 56) - 1;
 /// by two slots per sub-kind (so a site's keys of several kinds do not
 /// contend for one home). Why not hash the whole key: start-up inserts
 /// thousands of keys, and a hash that scatters them touches a fresh page of
-/// this 12 MiB table (a page fault, about a microsecond) for most of them:
+/// this 16 MiB table (a page fault, about a microsecond) for most of them:
 /// 5,000 faults at SQLite's start with sled probes. Keyed by page, a code
 /// page's keys of every kind share two table pages (three before keys and
 /// values were interleaved); the block is placed by the address alone,
