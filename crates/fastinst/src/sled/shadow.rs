@@ -5,7 +5,7 @@
 //! function's return address on this thread's shadow stack, with the
 //! function's CFA, and replaces it by the exit trampoline's address. When
 //! the function returns there, the runtime finds the entry for that CFA,
-//! runs the exit probe and returns to the saved address.
+//! runs the exit probe and continues at the saved address.
 //!
 //! What keeps the stack right:
 //! - **The match is exact.** An exit takes the topmost entry whose CFA is

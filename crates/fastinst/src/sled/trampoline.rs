@@ -9,27 +9,28 @@
 //!
 //! What the trampolines preserve, and why that is enough. gcc turns its
 //! inter-procedural register allocation (`-fipa-ra`) off for calls to a
-//! function with a patchable entry (checked with gcc 12 at -O2: the caller
-//! of a plain static function keeps values in caller-saved registers across
-//! the call; with a sled on the callee it keeps them in callee-saved ones),
-//! and clang does no such allocation, so a caller assumes only what the ABI
+//! function with a patchable entry (checked with gcc 12 at -O2: the caller of a
+//! plain static function keeps values in caller-saved registers across the
+//! call; with a sled on the callee it keeps them in callee-saved ones), and
+//! clang does no such allocation, so a caller assumes only what the ABI
 //! promises. That holds for the `-fpatchable-function-entry` option, not for
 //! gcc's `patchable_function_entry` attribute on single functions, whose
-//! callers' callers may keep values in caller-saved registers across the
-//! call unless built with `-fno-ipa-ra` (README, "Known limits"). At the entry, the trampoline therefore preserves what an entry
-//! may depend on: the argument registers (`rdi rsi rdx rcx r8 r9`), `rax`
-//! (the vector-register count of a varargs call), `r10` (the static chain),
-//! `r11`, the arithmetic flags, and the argument vector registers 0–7 at
-//! their full width (`xmm`, `ymm` or `zmm`, chosen once from the CPU), and
-//! calls the handler with the stack aligned to 64. At the exit it preserves
-//! the return registers: `rax rdx`, vector registers 0–1 at full width, and
-//! up to two `x87` values (`long double` and its complex form), which it
-//! pops and pushes back around the handler so the handler starts with the
-//! empty x87 stack the ABI requires.
+//! callers' callers may keep values in caller-saved registers across the call
+//! unless built with `-fno-ipa-ra` (README, "Known limits"). At the entry, the
+//! trampoline therefore preserves what an entry may depend on: the argument
+//! registers (`rdi rsi rdx rcx r8 r9`), `rax` (the vector-register count of a
+//! varargs call), `r10` (the static chain), `r11`, the arithmetic flags, and
+//! the argument vector registers 0–7 at their full width (`xmm`, `ymm` or
+//! `zmm`, chosen once from the CPU), and calls the handler with the stack
+//! aligned to 64. At the exit it preserves the return registers: `rax rdx`,
+//! vector registers 0–1 at full width, and up to two `x87` values (`long
+//! double` and its complex form), which it pops and pushes back around the
+//! handler so the handler starts with the empty x87 stack the ABI requires.
 //!
 //! The exit trampoline reserves the slot just below the function's CFA (the
 //! one that held its return address), has the runtime write the original
-//! return address there, and returns through it.
+//! return address there, and jumps to it (not `ret`: see the comment at
+//! its end).
 
 use super::shadow;
 use std::sync::atomic::{AtomicUsize, Ordering};
