@@ -197,20 +197,75 @@ impl Program {
 
     /// The arguments of one run, creating its input under `work` if needed.
     pub fn workload(self, work: &Path) -> Result<Vec<String>> {
+        self.workload_repeated(work, 1)
+    }
+
+    /// The arguments of a run that does the workload `times` times over
+    /// (at least once), creating its input under `work` if needed: bzip2
+    /// compresses `times` x 24 MB, QuickJS runs `workload.js` in a loop,
+    /// SQLite runs `workload.sql` again on empty tables. Longer runs show
+    /// whether a cost is fixed per run (start-up, reports at exit) or
+    /// grows with the run.
+    pub fn workload_repeated(self, work: &Path, times: usize) -> Result<Vec<String>> {
+        let times = times.max(1);
+        let suffix = if times == 1 {
+            String::new()
+        } else {
+            format!("-x{times}")
+        };
         Ok(match self {
             Program::Bzip2 => {
-                let input = work.join("bzip2-input.txt");
-                if !input.exists() {
-                    let tmp = work.join("bzip2-input.tmp");
-                    std::fs::write(&tmp, generated_text(24 << 20)).map_err(EvalError::io(&tmp))?;
-                    std::fs::rename(&tmp, &input).map_err(EvalError::io(&input))?;
-                }
+                let input = work.join(format!("bzip2-input{suffix}.txt"));
+                write_once(&input, || generated_text((24 << 20) * times))?;
                 vec!["-c".into(), "-9".into(), input.display().to_string()]
             }
-            Program::Quickjs => vec![here("workload.js").display().to_string()],
-            Program::Sqlite => vec![here("workload.sql").display().to_string()],
+            Program::Quickjs | Program::Sqlite if times == 1 => {
+                vec![here(self.script()).display().to_string()]
+            }
+            Program::Quickjs | Program::Sqlite => {
+                let script = here(self.script());
+                let text = std::fs::read_to_string(&script).map_err(EvalError::io(&script))?;
+                let name = self.script().replace('.', &format!("{suffix}."));
+                let path = work.join(name);
+                write_once(&path, || self.repeated_script(&text, times).into_bytes())?;
+                vec![path.display().to_string()]
+            }
         })
     }
+
+    /// The workload script under `programs/` (bzip2 has none).
+    fn script(self) -> &'static str {
+        match self {
+            Program::Bzip2 => "",
+            Program::Quickjs => "workload.js",
+            Program::Sqlite => "workload.sql",
+        }
+    }
+
+    /// `text`, a workload script, made to run `times` times in one process.
+    fn repeated_script(self, text: &str, times: usize) -> String {
+        match self {
+            // A block scope per pass: its `let`s and functions are new each time.
+            Program::Quickjs => format!("for (let pass = 0; pass < {times}; pass++) {{\n{text}\n}}\n"),
+            // Each pass creates the tables, so the one before drops them.
+            Program::Sqlite => {
+                let pass = format!("{text}\nDROP TABLE item;\nDROP TABLE grp;\n");
+                pass.repeat(times)
+            }
+            Program::Bzip2 => String::new(),
+        }
+    }
+}
+
+/// Writes `path` with `contents()` unless it exists, through a temporary
+/// file so that an interrupted write is never taken for the input.
+fn write_once(path: &Path, contents: impl FnOnce() -> Vec<u8>) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents()).map_err(EvalError::io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(EvalError::io(path))
 }
 
 /// `len` bytes of word-like text from a fixed seed: compressible like prose,
@@ -352,6 +407,26 @@ mod tests {
         assert_eq!(a.len(), 1 << 16);
         let spaces = a.iter().filter(|&&c| c == b' ' || c == b'\n').count();
         assert!(spaces > a.len() / 12 && spaces < a.len() / 2, "{spaces}");
+    }
+
+    #[test]
+    fn repeated_workloads_run_every_pass() {
+        let dir = std::env::temp_dir().join(format!("fastinst-repeat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(
+            Program::Quickjs.workload_repeated(&dir, 1).unwrap(),
+            Program::Quickjs.workload(&dir).unwrap()
+        );
+        let js = &Program::Quickjs.workload_repeated(&dir, 3).unwrap()[0];
+        let js = std::fs::read_to_string(js).unwrap();
+        assert!(js.starts_with("for (let pass = 0; pass < 3; pass++) {\n"), "{js:.60}");
+        assert!(js.contains("print(\"fib\", fib(29));") && js.trim_end().ends_with('}'));
+        let sql = &Program::Sqlite.workload_repeated(&dir, 3).unwrap()[0];
+        let sql = std::fs::read_to_string(sql).unwrap();
+        assert_eq!(sql.matches("CREATE TABLE item").count(), 3);
+        assert_eq!(sql.matches("DROP TABLE item;").count(), 3);
+        assert!(sql.trim_end().ends_with("DROP TABLE grp;"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,6 +22,8 @@ options:
   --programs LIST     subset of bzip2,quickjs,sqlite
   --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
                       -fpatchable-function-entry=5 builds)
+  --repeat N          each run does its workload N times over (default 1,
+                      ~1 s): shows which costs are fixed per run
   --work DIR          builds and scratch (default: target/fastinst-eval)
   --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
   --json PATH         also write every run as JSON
@@ -33,6 +35,7 @@ struct Args {
     all_on_rounds: usize,
     programs: Vec<Program>,
     compilers: Vec<Compiler>,
+    repeat: usize,
     work: PathBuf,
     lib: Option<PathBuf>,
     json: Option<PathBuf>,
@@ -44,6 +47,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         all_on_rounds: 1,
         programs: PROGRAMS.to_vec(),
         compilers: Compiler::ALL.to_vec(),
+        repeat: 1,
         work: PathBuf::from("target/fastinst-eval"),
         lib: None,
         json: None,
@@ -61,6 +65,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "--quick" => (a.rounds, a.all_on_rounds) = (3, 1),
             "--rounds" => a.rounds = number(value()?)?.max(1),
             "--all-on-rounds" => a.all_on_rounds = number(value()?)?,
+            "--repeat" => a.repeat = number(value()?)?.max(1),
             "--work" => a.work = value()?.into(),
             "--lib" => a.lib = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
@@ -110,7 +115,7 @@ fn run(a: Args) -> Result<()> {
     };
     let mut rows = Vec::new();
     for &p in &a.programs {
-        let args = p.workload(&work)?;
+        let args = p.workload_repeated(&work, a.repeat)?;
         for &c in &compilers {
             let find = |inst: bool| {
                 bins.iter()
