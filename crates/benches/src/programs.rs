@@ -213,32 +213,26 @@ impl Program {
         } else {
             format!("-x{times}")
         };
-        Ok(match self {
-            Program::Bzip2 => {
-                let input = work.join(format!("bzip2-input{suffix}.txt"));
-                write_once(&input, || generated_text((24 << 20) * times))?;
-                vec!["-c".into(), "-9".into(), input.display().to_string()]
-            }
-            Program::Quickjs | Program::Sqlite if times == 1 => {
-                vec![here(self.script()).display().to_string()]
-            }
-            Program::Quickjs | Program::Sqlite => {
-                let script = here(self.script());
-                let text = std::fs::read_to_string(&script).map_err(EvalError::io(&script))?;
-                let name = self.script().replace('.', &format!("{suffix}."));
-                let path = work.join(name);
-                write_once(&path, || self.repeated_script(&text, times).into_bytes())?;
-                vec![path.display().to_string()]
-            }
-        })
+        let Some(script) = self.script() else {
+            let input = work.join(format!("bzip2-input{suffix}.txt"));
+            write_once(&input, || generated_text((24 << 20) * times))?;
+            return Ok(vec!["-c".into(), "-9".into(), input.display().to_string()]);
+        };
+        if times == 1 {
+            return Ok(vec![here(script).display().to_string()]);
+        }
+        let text = std::fs::read_to_string(here(script)).map_err(EvalError::io(&here(script)))?;
+        let path = work.join(script.replace('.', &format!("{suffix}.")));
+        write_once(&path, || self.repeated_script(&text, times).into_bytes())?;
+        Ok(vec![path.display().to_string()])
     }
 
-    /// The workload script under `programs/` (bzip2 has none).
-    fn script(self) -> &'static str {
+    /// The workload script under `programs/`; bzip2's input is generated.
+    fn script(self) -> Option<&'static str> {
         match self {
-            Program::Bzip2 => "",
-            Program::Quickjs => "workload.js",
-            Program::Sqlite => "workload.sql",
+            Program::Bzip2 => None,
+            Program::Quickjs => Some("workload.js"),
+            Program::Sqlite => Some("workload.sql"),
         }
     }
 
@@ -248,11 +242,7 @@ impl Program {
             // A block scope per pass: its `let`s and functions are new each time.
             Program::Quickjs => format!("for (let pass = 0; pass < {times}; pass++) {{\n{text}\n}}\n"),
             // Each pass creates the tables, so the one before drops them.
-            Program::Sqlite => {
-                let pass = format!("{text}\nDROP TABLE item;\nDROP TABLE grp;\n");
-                pass.repeat(times)
-            }
-            Program::Bzip2 => String::new(),
+            _ => format!("{text}\nDROP TABLE item;\nDROP TABLE grp;\n").repeat(times),
         }
     }
 }
