@@ -215,15 +215,20 @@ impl Program {
         };
         let Some(script) = self.script() else {
             let input = work.join(format!("bzip2-input{suffix}.txt"));
-            write_once(&input, || generated_text((24 << 20) * times))?;
+            // Generated from a fixed seed, so a file already there is this text.
+            if !input.exists() {
+                write_atomically(&input, &generated_text((24 << 20) * times))?;
+            }
             return Ok(vec!["-c".into(), "-9".into(), input.display().to_string()]);
         };
         if times == 1 {
             return Ok(vec![here(script).display().to_string()]);
         }
-        let text = std::fs::read_to_string(here(script)).map_err(EvalError::io(&here(script)))?;
+        let source = here(script);
+        let text = std::fs::read_to_string(&source).map_err(EvalError::io(&source))?;
+        // Written every time: a copy left from an older script would be stale.
         let path = work.join(script.replace('.', &format!("{suffix}.")));
-        write_once(&path, || self.repeated_script(&text, times).into_bytes())?;
+        write_atomically(&path, self.repeated_script(&text, times).as_bytes())?;
         Ok(vec![path.display().to_string()])
     }
 
@@ -247,14 +252,11 @@ impl Program {
     }
 }
 
-/// Writes `path` with `contents()` unless it exists, through a temporary
-/// file so that an interrupted write is never taken for the input.
-fn write_once(path: &Path, contents: impl FnOnce() -> Vec<u8>) -> Result<()> {
-    if path.exists() {
-        return Ok(());
-    }
+/// Writes `path` through a temporary file, so that an interrupted write is
+/// never taken for the input.
+fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents()).map_err(EvalError::io(&tmp))?;
+    std::fs::write(&tmp, contents).map_err(EvalError::io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(EvalError::io(path))
 }
 
