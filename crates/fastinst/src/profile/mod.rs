@@ -354,10 +354,16 @@ fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
 /// every run, and 1 to 3 functions of one-threaded QuickJS and SQLite;
 /// none since. At the default 10 ms epochs it is rarer, not impossible.
 ///
-/// The sampler reopens the window, fences, then reads the probes' state;
-/// the handler switches, fences, then reads `exhausted`: with both fences
-/// `SeqCst`, the sampler finds the probe off or the handler finds the
-/// window reopened (if both, the second switch-on is a no-op).
+/// The sampler reopens the window, fences, then reads the entry probes'
+/// state; the handler switches, fences, then reads `exhausted`: with both
+/// fences `SeqCst`, the sampler finds an entry probe off or the handler
+/// finds the window reopened (if both, the second switch-on is a no-op).
+/// Exit probes are switched on before the window reopens (so that no
+/// sampled entry misses its exit), so for them the check narrows the gap
+/// without closing it: an exit switched off in it stays off for one
+/// window, until the function's next re-arm finds it off. That costs the
+/// window's samples of the function (dropped as left without exit, never
+/// misattributed), never the function.
 fn reopened(f: &Func) -> bool {
     std::sync::atomic::fence(Ordering::SeqCst);
     !f.exhausted.load(Ordering::Relaxed)
@@ -417,7 +423,9 @@ extern "C" fn on_entry(id: ProbeId) {
         return;
     };
     let pushed = with_local(|store, sh| {
-        Counters::add_own(&store.counts.toggles, toggled);
+        if toggled > 0 {
+            Counters::add_own(&store.counts.toggles, toggled);
+        }
         pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, Some(fi));
         if sh.frames.len() >= MAX_DEPTH {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
