@@ -12,6 +12,13 @@ pub(crate) fn line<T>(p: *const T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
 }
 
+/// Starts loading the cache line at `p` for writing (`prefetchw`).
+#[inline(always)]
+pub(crate) fn line_for_write<T>(p: *const T) {
+    // SAFETY: as in `line`: a hint, never a fault.
+    unsafe { _mm_prefetch::<_MM_HINT_ET0>(p.cast::<i8>()) };
+}
+
 /// Starts loading every cache line of `*r`.
 #[inline(always)]
 pub(crate) fn object<T>(r: &T) {

@@ -53,7 +53,7 @@
 //! correction: another thread's handlers do not slow this one, and those
 //! arrivals look Poisson, for which the offset reads high.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Exits per window that may match no sampled call before an exhausted
 /// function's exit probes go off even though a sampled call is still in
@@ -252,40 +252,36 @@ impl Func {
 /// A function's probes, (id, is entry). The first two (one copy's entry
 /// and exit, all that most functions have) are kept inline, beside the
 /// function's hot line, for the daemon that re-arms them every epoch;
-/// more go to a spin-locked list. Pushes are serialised by the discovery
-/// lock.
+/// more go to a list of [`Chunk`]s. Pushes are serialised by the discovery
+/// lock; readers take no lock at all.
+///
+/// The list used to sit behind a spin lock and was copied out 32 ids at a
+/// time, three times per function per epoch (a prefetch pass and the two
+/// switch passes of [`rearm`](super::rearm)), each time taking the lock
+/// with a locked update. Published by its length, it is read in place, its
+/// lines can be prefetched with the rest of an epoch
+/// ([`prefetch_epoch`](super::prefetch_epoch)), and a fork has no lock of
+/// it to take.
 #[derive(Default)]
 pub(crate) struct FuncProbes {
+    /// Probes published: a reader sees every id below it (Release/Acquire).
     len: AtomicU32,
     /// Probe id, with [`ENTRY_BIT`] for an entry probe.
     inline: [AtomicU32; 2],
-    more: SpinVec,
+    /// The probes past the inline two.
+    more: AtomicPtr<Chunk>,
 }
 
-/// The probes past the inline two, behind a spin lock held for one push or
-/// one short copy. Never parked on: the sampler may run where parking
-/// cannot ([`FuncProbes::for_each`]).
+/// Ids per [`Chunk`]: one cache line with the link.
+const CHUNK_IDS: usize = 14;
+
+/// A line of a function's probe list; never freed (a function's record
+/// lives as long as the process).
+#[repr(C, align(64))]
 #[derive(Default)]
-struct SpinVec {
-    lock: AtomicBool,
-    v: std::cell::UnsafeCell<Vec<(u32, bool)>>,
-}
-
-// SAFETY: `v` is only reached through `with`, under `lock`.
-unsafe impl Sync for SpinVec {}
-
-impl SpinVec {
-    fn acquire(&self) {
-        crate::spin::acquire(&self.lock);
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut Vec<(u32, bool)>) -> R) -> R {
-        self.acquire();
-        // SAFETY: the lock is held; no other reference to `v` exists.
-        let r = f(unsafe { &mut *self.v.get() });
-        self.lock.store(false, Ordering::Release);
-        r
-    }
+struct Chunk {
+    ids: [AtomicU32; CHUNK_IDS],
+    next: AtomicPtr<Chunk>,
 }
 
 /// Probe ids are below [`crate::registry::MAX_PROBES`] (2^24), so the top
@@ -294,56 +290,61 @@ const ENTRY_BIT: u32 = 1 << 31;
 const _: () = assert!(crate::registry::MAX_PROBES <= ENTRY_BIT as usize);
 
 impl FuncProbes {
-    /// Adds probe `id` (discovery only).
+    /// Adds probe `id` (discovery only: pushes are serialised).
     pub(crate) fn push(&self, id: u32, entry: bool) {
+        let word = id | if entry { ENTRY_BIT } else { 0 };
         let n = self.len.load(Ordering::Relaxed) as usize;
-        match self.inline.get(n) {
-            Some(slot) => slot.store(id | if entry { ENTRY_BIT } else { 0 }, Ordering::Relaxed),
-            None => self.more.with(|v| v.push((id, entry))),
+        if let Some(slot) = self.inline.get(n) {
+            slot.store(word, Ordering::Relaxed);
+        } else {
+            let k = n - self.inline.len();
+            let mut link = &self.more;
+            for _ in 0..k / CHUNK_IDS {
+                // SAFETY: links below `len` were published (and are never
+                // freed) by earlier pushes, which this thread serialises.
+                link = unsafe { &(*link.load(Ordering::Relaxed)).next };
+            }
+            if k.is_multiple_of(CHUNK_IDS) {
+                link.store(Box::into_raw(Box::default()), Ordering::Relaxed);
+            }
+            // SAFETY: as above; the chunk for slot `k` exists now.
+            let chunk = unsafe { &*link.load(Ordering::Relaxed) };
+            chunk.ids[k % CHUNK_IDS].store(word, Ordering::Relaxed);
         }
         self.len.store(n as u32 + 1, Ordering::Release);
     }
 
-    /// Before fork: takes the list's lock and keeps it, so that no thread
-    /// that will not exist in the child holds it there (the sampler copies
-    /// the list under it). [`FuncProbes::release_after_fork`] gives it back.
-    pub(crate) fn hold_for_fork(&self) {
-        self.more.acquire();
-    }
-
-    /// After fork, in parent and child: the lock [`FuncProbes::hold_for_fork`]
-    /// took.
-    pub(crate) fn release_after_fork(&self) {
-        self.more.lock.store(false, Ordering::Release);
-    }
-
-    /// Calls `f` with each probe (id, is entry), allocating nothing and
-    /// never parking: the sampler may run on a thread the C library does
-    /// not know ([`crate::rawthread`]), where a parked lock would reach
-    /// for thread-local state it does not have. The list's lock is released
-    /// before `f` runs.
+    /// Calls `f` with each probe (id, is entry), in the order pushed.
+    /// Allocates nothing and takes no lock: the sampler may run on a
+    /// thread the C library does not know ([`crate::rawthread`]).
+    #[inline]
     pub(crate) fn for_each(&self, mut f: impl FnMut(u32, bool)) {
         let n = self.len.load(Ordering::Acquire) as usize;
+        let mut each = |word: u32| f(word & !ENTRY_BIT, word & ENTRY_BIT != 0);
         for slot in &self.inline[..n.min(self.inline.len())] {
-            let v = slot.load(Ordering::Relaxed);
-            f(v & !ENTRY_BIT, v & ENTRY_BIT != 0);
+            each(slot.load(Ordering::Relaxed));
         }
-        let mut done = 0;
-        while self.inline.len() + done < n {
-            let mut chunk = [(0u32, false); 32];
-            let k = self.more.with(|more| {
-                let rest = more.get(done..).unwrap_or(&[]);
-                let k = rest.len().min(chunk.len());
-                chunk[..k].copy_from_slice(&rest[..k]);
-                k
-            });
-            if k == 0 {
-                break;
+        let mut left = n.saturating_sub(self.inline.len());
+        let mut chunk = self.more.load(Ordering::Acquire);
+        while left > 0 && !chunk.is_null() {
+            // SAFETY: a chunk published before `len` (read Acquire above)
+            // is never freed or moved.
+            let c = unsafe { &*chunk };
+            for slot in &c.ids[..left.min(CHUNK_IDS)] {
+                each(slot.load(Ordering::Relaxed));
             }
-            for &(id, entry) in &chunk[..k] {
-                f(id, entry);
-            }
-            done += k;
+            left = left.saturating_sub(CHUNK_IDS);
+            chunk = c.next.load(Ordering::Acquire);
+        }
+    }
+
+    /// Starts loading the list's first line past the inline ids, if it
+    /// has one (for the daemon's epoch prefetch).
+    #[inline]
+    pub(crate) fn prefetch_more(&self) {
+        let chunk = self.more.load(Ordering::Acquire);
+        if !chunk.is_null() {
+            crate::prefetch::line(chunk);
         }
     }
 }
@@ -560,7 +561,7 @@ mod tests {
 
     #[test]
     fn a_function_with_many_probes_lists_them_all_in_order() {
-        // Past the two inline ones, the list is copied out 32 at a time.
+        // Past the two inline ones, the list runs over several chunks.
         let probes = FuncProbes::default();
         let want: Vec<(u32, bool)> = (0..100).map(|i| (i * 3, i % 2 == 0)).collect();
         for &(id, entry) in &want {
@@ -569,6 +570,35 @@ mod tests {
         let mut out = Vec::new();
         probes.for_each(|id, entry| out.push((id, entry)));
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_reader_sees_a_prefix_of_the_list_while_it_grows() {
+        // One thread pushes (as discovery does, serialised), another reads
+        // as the sampler does: every read is the first n probes pushed.
+        let probes: &'static FuncProbes = Box::leak(Box::default());
+        let want: Vec<(u32, bool)> = (0..2_000).map(|i| (i * 7 + 1, i % 3 == 0)).collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for &(id, entry) in &want {
+                    probes.push(id, entry);
+                }
+                done.store(true, Ordering::Release);
+            });
+            let mut reads = 0;
+            loop {
+                let finished = done.load(Ordering::Acquire);
+                let mut out = Vec::new();
+                probes.for_each(|id, entry| out.push((id, entry)));
+                assert_eq!(out[..], want[..out.len()], "read {reads} is not a prefix");
+                reads += 1;
+                if finished {
+                    assert_eq!(out.len(), want.len());
+                    break;
+                }
+            }
+        });
     }
 
     #[test]
