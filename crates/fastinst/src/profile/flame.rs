@@ -222,6 +222,35 @@ mod tests {
         }
     }
 
+    /// The files are streamed, not rendered whole first: each must still
+    /// be what the in-memory renderings give, and the flame graph must be
+    /// drawn from the cut lines only when the streamed lines sorted.
+    #[test]
+    fn the_files_written_are_the_reports_rendered_in_memory() {
+        let names = ["main", "f", "f.cold", "g h", "g_h", "a", "[...]"];
+        let dir = std::env::temp_dir().join(format!("fastinst-write-all-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for seed in 1..=6u64 {
+            let mut r = random_report(&names, seed * 0x9E37_79B9, 1500);
+            if seed % 2 == 0 {
+                // Lines out of inferno's order, as an older report may have.
+                r.stacks.reverse();
+            }
+            let folded = render_folded(&r);
+            let written = crate::profile::report::write_all(&r, &dir).unwrap();
+            let read = |ext: &str| std::fs::read_to_string(dir.join(format!("fastinst-profile.1.{ext}"))).unwrap();
+            assert_eq!(written.len(), 4, "seed {seed}");
+            assert_eq!(read("txt"), crate::profile::report::render_text(&r), "seed {seed}");
+            assert_eq!(read("folded"), folded, "seed {seed}");
+            same_svg(&read("svg"), &render_svg(&r).unwrap(), seed);
+            same_svg(&read("svg"), &whole_svg(&r), seed);
+            let back: Report = serde_json::from_str(&read("json")).unwrap();
+            assert_eq!(back.stacks.len(), r.stacks.len(), "seed {seed}");
+            assert_eq!(lines_sorted(&folded), seed % 2 == 1, "seed {seed}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn same_svg(got: &str, want: &str, seed: u64) {
         if got != want {
             let at = got.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();

@@ -544,21 +544,27 @@ fn fn_name(p: &Profiler, fi: u32) -> String {
 /// The text report.
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
+    let _ = text_to(r, &mut s);
+    s
+}
+
+/// [`render_text`] into `s`.
+fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     let o = &r.overhead;
-    let _ = writeln!(
+    writeln!(
         s,
         "fastinst profile: {} (pid {}), {:.3} s profiled, TSC {:.0} MHz",
         r.program,
         r.pid,
         r.wall_ms / 1e3,
         r.tsc_mhz
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         s,
         "sampling: {} calls per function per window, windows re-opened every {} ms",
         r.settings.samples_per_window, r.settings.epoch_ms
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         s,
         "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in handlers, {:.2} ms of sampler CPU",
         o.probes,
@@ -569,22 +575,22 @@ pub fn render_text(r: &Report) -> String {
         o.toggles_per_s,
         o.handler_ms,
         o.sampler_ms
-    );
-    let _ = writeln!(
+    )?;
+    writeln!(
         s,
         "dropped: {} exits whose entry was not sampled, {} activations left without exit, {} too deep, {} without frame, {} on exiting threads",
         o.unmatched_exits, o.abandoned_frames, o.too_deep, o.no_cfa, o.no_thread
-    );
+    )?;
     if o.stacks_merged > 0 {
-        let _ = writeln!(
+        writeln!(
             s,
             "call paths: {} samples past the table's {} distinct path prefixes per thread are shown as [...];function",
             o.stacks_merged,
             super::MAX_PATH_NODES
-        );
+        )?;
     }
-    let _ = writeln!(s);
-    let _ = writeln!(
+    writeln!(s)?;
+    writeln!(
         s,
         "{:>12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<8} function",
         "calls(est)",
@@ -598,9 +604,9 @@ pub fn render_text(r: &Report) -> String {
         "max us",
         "mean us",
         "threads"
-    );
+    )?;
     for f in &r.functions {
-        let _ = writeln!(
+        writeln!(
             s,
             "{:>12} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<8} {}",
             Fixed(f.calls_estimated, 0),
@@ -615,12 +621,12 @@ pub fn render_text(r: &Report) -> String {
             Fixed(f.mean_us, 2),
             f.threads.len(),
             f.name
-        );
+        )?;
     }
-    let _ = writeln!(s);
-    let _ = writeln!(s, "call edges (caller -> callee): calls(est), sampled, total ms");
+    writeln!(s)?;
+    writeln!(s, "call edges (caller -> callee): calls(est), sampled, total ms")?;
     for e in &r.edges {
-        let _ = writeln!(
+        writeln!(
             s,
             "{:>12} {:>8} {:>10}  {} -> {}",
             Fixed(e.calls_estimated, 0),
@@ -628,28 +634,42 @@ pub fn render_text(r: &Report) -> String {
             Fixed(e.total_ms, 3),
             e.caller,
             e.callee
-        );
+        )?;
     }
-    s
+    Ok(())
 }
 
 /// Folded stacks (`a;b;c weight`), weights in nanoseconds of self time.
 pub fn render_folded(r: &Report) -> String {
     let mut s = String::new();
+    let _ = folded_to(r, &mut s);
+    s
+}
+
+/// [`render_folded`] into `out`, a line at a time; returns whether the
+/// lines came out sorted, as inferno compares them ([`lines_sorted`]).
+fn folded_to(r: &Report, out: &mut impl std::fmt::Write) -> Result<bool, std::fmt::Error> {
+    let (mut line, mut prev) = (String::new(), String::new());
+    let mut sorted = true;
     for st in &r.stacks {
         let w = folded_weight(st);
         if w == 0 {
             continue;
         }
+        line.clear();
         for (i, f) in st.frames.iter().enumerate() {
             if i > 0 {
-                s.push(';');
+                line.push(';');
             }
-            push_folded(&mut s, f);
+            push_folded(&mut line, f);
         }
-        let _ = writeln!(s, " {w}");
+        write!(line, " {w}")?;
+        sorted &= prev <= line;
+        out.write_str(&line)?;
+        out.write_char('\n')?;
+        std::mem::swap(&mut line, &mut prev);
     }
-    s
+    Ok(sorted)
 }
 
 /// A path's weight in the folded stacks: nanoseconds of self time. Paths
@@ -670,7 +690,13 @@ pub(super) fn push_folded(s: &mut String, name: &str) {
 
 /// The flame graph of the folded stacks.
 pub fn render_svg(r: &Report) -> Result<String, String> {
-    svg_of_folded(r, &render_folded(r))
+    let folded = render_folded(r);
+    if folded.is_empty() {
+        return Ok(String::new());
+    }
+    let mut out = Vec::new();
+    svg_to(r, Some(&folded), lines_sorted(&folded), &mut out).map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
 }
 
 /// A call path whose frames are numbers in a list of names, laid end to end
@@ -789,17 +815,14 @@ pub(super) fn folded_name(name: &str) -> impl Iterator<Item = u8> + '_ {
     name.bytes().map(|c| if c == b';' || c == b' ' { b'_' } else { c })
 }
 
-/// The flame graph of `folded`, [`render_folded`]'s output for `r`.
-fn svg_of_folded(r: &Report, folded: &str) -> Result<String, String> {
-    if folded.is_empty() {
-        return Ok(String::new());
-    }
+/// The flame graph of `r`'s folded stacks into `out`, whose lines are
+/// `sorted` as inferno compares them; `folded` is [`render_folded`]'s
+/// output, if made (only unsorted lines need it).
+fn svg_to(r: &Report, folded: Option<&str>, sorted: bool, out: &mut impl std::io::Write) -> std::io::Result<()> {
     let mut opt = flame_options(r);
     // Reports list their paths in the flame graph's order (`by_frames`), so
     // its own sort, which compared every line as a string again, is needed
     // only when two paths print alike (and for older reports).
-    let sorted = lines_sorted(folded);
-    let mut out = Vec::new();
     if sorted {
         // The same flame graph from the frames it draws (`flame.rs`), whose
         // lines keep the folded order without sorting: a flame chart is
@@ -807,11 +830,17 @@ fn svg_of_folded(r: &Report, folded: &str) -> Result<String, String> {
         // first, and does nothing else differently).
         let drawable = super::flame::drawable_lines(r, opt.min_width);
         opt.flame_chart = true;
-        inferno::flamegraph::from_lines(&mut opt, drawable.lines().rev(), &mut out).map_err(|e| e.to_string())?;
-        return String::from_utf8(out).map_err(|e| e.to_string());
+        return inferno::flamegraph::from_lines(&mut opt, drawable.lines().rev(), out);
     }
-    inferno::flamegraph::from_lines(&mut opt, folded.lines(), &mut out).map_err(|e| e.to_string())?;
-    String::from_utf8(out).map_err(|e| e.to_string())
+    let made;
+    let folded = match folded {
+        Some(f) => f,
+        None => {
+            made = render_folded(r);
+            &made
+        }
+    };
+    inferno::flamegraph::from_lines(&mut opt, folded.lines(), out)
 }
 
 /// The flame graph's options for `r` (sorting aside).
@@ -836,47 +865,80 @@ pub(super) fn lines_sorted(folded: &str) -> bool {
 /// Writes `fastinst-profile.<pid>.{txt,json,folded,svg}` under `dir`;
 /// returns the paths, the text report first.
 ///
-/// Written at the program's exit, so this is part of the profiler's cost:
-/// the folded stacks are rendered once for their file and the flame graph,
-/// and the JSON is compact and streamed to its file (pretty-printed it was
-/// 3.5 MB on SQLite and a third of the time spent here;
-/// `fastinst report --format json FILE` pretty-prints it).
+/// Written at the program's exit, so this is part of the profiler's cost.
+/// Every file is streamed through one 64 KiB buffer each: the JSON is
+/// compact (pretty-printed it was 3.5 MB on SQLite and a third of the time
+/// spent here; `fastinst report --format json FILE` pretty-prints it), and
+/// the text, the folded stacks and the flame graph are no longer built
+/// whole in memory first (1-3 MB of fresh pages at exit, each a page fault,
+/// for text that went straight to a file).
 pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    use std::io::Write as _;
     let path = |ext: &str| dir.join(format!("fastinst-profile.{}.{ext}", r.pid));
-    let folded = render_folded(r);
-    // A flame graph that cannot be drawn is reported, and the other files
-    // are written all the same.
-    let svg = svg_of_folded(r, &folded).unwrap_or_else(|e| {
-        crate::log::error(format_args!("profile: no flame graph: {e}"));
-        String::new()
-    });
     let mut out = Vec::new();
     // The writer is a concrete type, not `dyn Write`: serde_json writes
     // the JSON in ~500,000 small pieces, each then a call through a vtable
     // where it could be an inlined copy into the buffer.
-    use std::io::Write as _;
     type Out = std::io::BufWriter<std::fs::File>;
     let mut put = |p: PathBuf, write: &mut dyn FnMut(&mut Out) -> std::io::Result<()>| {
         let tmp = p.with_extension("tmp");
         let mut file = std::io::BufWriter::with_capacity(1 << 16, std::fs::File::create(&tmp)?);
-        write(&mut file)?;
-        file.into_inner().map_err(|e| e.into_error())?;
+        let written = write(&mut file).and_then(|()| file.into_inner().map(drop).map_err(|e| e.into_error()));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         std::fs::rename(&tmp, &p)?;
         out.push(p);
         Ok::<(), std::io::Error>(())
     };
-    let text = render_text(r);
-    put(path("txt"), &mut |w| w.write_all(text.as_bytes()))?;
+    put(path("txt"), &mut |w| fmt_io(w, |f| text_to(r, f)))?;
     put(path("json"), &mut |w| {
         serde_json::to_writer(&mut *w, r).map_err(std::io::Error::other)?;
         w.write_all(b"\n")
     })?;
-    for (ext, body) in [("folded", &folded), ("svg", &svg)] {
-        if !body.is_empty() {
-            put(path(ext), &mut |w| w.write_all(body.as_bytes()))?;
+    if r.stacks.iter().any(|st| folded_weight(st) > 0) {
+        let mut sorted = false;
+        put(path("folded"), &mut |w| {
+            fmt_io(w, |f| folded_to(r, f).map(|s| sorted = s))
+        })?;
+        // A flame graph that cannot be drawn is reported, and the other
+        // files are written all the same.
+        if let Err(e) = put(path("svg"), &mut |w| svg_to(r, None, sorted, w)) {
+            crate::log::error(format_args!("profile: no flame graph: {e}"));
         }
     }
     Ok(out)
+}
+
+/// Runs `write` on a [`std::fmt::Write`] view of `w`, returning the first
+/// I/O error it met.
+fn fmt_io<W: std::io::Write>(
+    w: &mut W,
+    write: impl FnOnce(&mut FmtIo<'_, W>) -> std::fmt::Result,
+) -> std::io::Result<()> {
+    let mut f = FmtIo { w, err: None };
+    match (write(&mut f), f.err) {
+        (_, Some(e)) => Err(e),
+        (Err(_), None) => Err(std::io::Error::other("formatting failed")),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
+/// A [`std::fmt::Write`] over an [`std::io::Write`] that keeps the first
+/// I/O error (`fmt::Error` carries none).
+struct FmtIo<'a, W> {
+    w: &'a mut W,
+    err: Option<std::io::Error>,
+}
+
+impl<W: std::io::Write> std::fmt::Write for FmtIo<'_, W> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.w.write_all(s.as_bytes()).map_err(|e| {
+            self.err.get_or_insert(e);
+            std::fmt::Error
+        })
+    }
 }
 
 #[cfg(test)]
