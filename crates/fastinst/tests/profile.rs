@@ -294,6 +294,56 @@ fn short_epochs_leave_no_function_switched_off() {
     }
 }
 
+/// `tests/c/deep.c` on sled builds: recursion 200 deep whose sampled calls
+/// return only after every level under them has been entered. A sled
+/// function's exit probe follows its entry probe, so once the quota fills
+/// and the entry probe goes off, the levels below run with the sled off:
+/// the window's sampled calls still return through the exit trampoline
+/// (their return addresses were substituted on entry) and are measured,
+/// and no other exit reaches the handler. Before, the exit probe kept the
+/// sled on for the calls in flight: each level below went through both
+/// trampolines to be dropped as an unmatched exit, 64 a window, after
+/// which the exit probe went off and the window's sampled calls, still in
+/// flight, were lost.
+#[test]
+fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
+    for cc in ["gcc", "clang"] {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = scratch(&format!("deep-{cc}"));
+        let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+        build(cc, &[&src("deep.c")], &["-O2"], &plain);
+        build(cc, &[&src("deep.c")], &["-O2", SLED], &inst);
+        let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
+        let out = dir.join("out");
+        let o = profiled(&inst, &[], &dir, &out, &[]);
+        assert_eq!(ok_stdout(&o, "profiled"), want, "{cc}: the program's output changed");
+        let r = report(&out);
+        println!("{}", fastinst::profile::report::render_text(&r));
+        let descend = r.functions.iter().find(|f| f.name == "descend").expect("descend");
+        let o = &r.overhead;
+        // Every window's sampled calls return and are paired: at most a
+        // call racing the entry probe's switch now and then is unmatched.
+        assert!(
+            descend.calls_sampled >= 10 * 20 && o.unmatched_exits * 100 <= descend.calls_sampled,
+            "{cc}: {} unmatched exits, {} abandoned frames, {} sampled calls of descend",
+            o.unmatched_exits,
+            o.abandoned_frames,
+            descend.calls_sampled
+        );
+        // Every sampled level lasts the 50 us spin under it, and none
+        // outlasts the run. (Its total time does: recursion counts nested
+        // time in every enclosing activation, as gprof does.)
+        assert!(
+            descend.min_us >= 50.0 && descend.max_us <= r.wall_ms * 1e3,
+            "{cc}: sampled calls of {:.1} to {:.1} us in a {:.1} ms run",
+            descend.min_us,
+            descend.max_us,
+            r.wall_ms
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 /// `tests/c/jumps.c`: `longjmp` out of instrumented recursion, and
 /// instrumented calls inside a signal handler that interrupts instrumented
 /// code. The frames `longjmp` skips are dropped and counted; the steady

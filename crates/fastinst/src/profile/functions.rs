@@ -64,7 +64,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, 
 /// unmatched exits in 1.9 s, +165% CPU. With the bound, such a call is
 /// still measured if it returns while a later window has the probe on;
 /// otherwise it is dropped and counted ("left without exit"), never
-/// misattributed.
+/// misattributed. (Sled functions' exit probes follow their entry probes
+/// and see only sampled calls: they need no budget and stay on.)
 pub const EXIT_BUDGET: u32 = 64;
 
 /// What a filled window's rate subtracts from its K calls, measured over
@@ -101,6 +102,11 @@ pub(crate) struct Func {
     next_exhausted: AtomicU32,
     /// The quota filled and the entry probe is off until the next epoch.
     pub exhausted: AtomicBool,
+    /// Its exit probe follows its entry probe (a sled function: see
+    /// `crate::sled::follow_entry`): it sees exactly the returns of the
+    /// calls entered while the entry probe was on, so it stays on for the
+    /// whole run and is never switched off here.
+    pub exits_follow_entry: AtomicBool,
     /// Demangled name (may be empty).
     pub name: String,
     /// Its probes: one pair per copy of the function's code, and an
@@ -132,6 +138,7 @@ impl Func {
             unmatched: AtomicU32::new(0),
             next_exhausted: AtomicU32::new(0),
             exhausted: AtomicBool::new(false),
+            exits_follow_entry: AtomicBool::new(false),
             name,
             probes: FuncProbes::default(),
             est_closed: AtomicU64::new(0f64.to_bits()),
@@ -422,8 +429,12 @@ mod tests {
         let f = Func::new(0x1000, String::new(), 0);
         let base = &f as *const Func as usize;
         assert_eq!(base % 64, 0);
-        let last = std::ptr::addr_of!(f.exhausted) as usize;
-        assert!(last - base < 64);
+        for last in [
+            std::ptr::addr_of!(f.exhausted) as usize,
+            std::ptr::addr_of!(f.exits_follow_entry) as usize,
+        ] {
+            assert!(last - base < 64);
+        }
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! (`FASTINST_PROFILE_SAMPLES`, default 10) switches the entry probe off
 //! from inside its own handler (one callpatch store: cheap and safe, the
 //! hook call is already under way). The exit probe stays on until the
-//! function's sampled calls in flight have exited, then switches itself off.
+//! function's sampled calls in flight have exited, then switches itself off;
+//! a sled function's exit probe instead follows its entry probe
+//! (`crate::sled::follow_entry`) and stays on: it sees the returns of the
+//! calls sampled while the entry probe was on, and no others.
 //! A sampler thread re-activates exhausted functions every epoch
 //! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
 //! call estimate ([`functions`]). It is made with `clone(2)`, unknown to
@@ -326,8 +329,12 @@ fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool, e
 
 /// Switches exit probe `id` of `f` off, then stamps the change: a sampled
 /// call entered before the stamp may now return unseen. Whether it
-/// switched (a toggle for the caller to count).
+/// switched (a toggle for the caller to count). Exit probes that follow
+/// their entry probe stay on.
 fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
+    if f.exits_follow_entry.load(Ordering::Relaxed) {
+        return false;
+    }
     let switched = crate::deactivate(id).is_ok();
     if switched {
         exit_watch_changed(p, f);
@@ -570,6 +577,9 @@ fn discovered(m: &ProbeMeta) {
     }
     let entry = m.kind == ProbeKind::Entry;
     f.probes.push(m.id, entry);
+    if !entry && crate::sled::follow_entry(m.id) {
+        f.exits_follow_entry.store(true, Ordering::Relaxed);
+    }
     if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
         crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
     }

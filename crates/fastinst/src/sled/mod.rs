@@ -32,7 +32,7 @@ mod site;
 pub mod trampoline;
 mod unwind;
 
-pub(crate) use site::{set_code, Sled};
+pub(crate) use site::{follow_entry, set_code, Sled};
 pub use trampoline::{vector_width, VectorWidth};
 
 use crate::discovery::{with_state, State};

@@ -3,7 +3,12 @@
 //!
 //! The sled's code is on while either probe is on: the entry trampoline
 //! runs the entry probe's handler if it has one and substitutes the return
-//! address if the exit probe is on. Each probe's own state is its `ON` bit;
+//! address if the exit probe is on. A tool may instead make the exit probe
+//! follow the entry ([`follow_entry`]): the code is then on only while the
+//! entry probe is, and the exit probe, while on, sees the returns of the
+//! calls that entered then (their return addresses were substituted on
+//! entry), however long after, and of no others. Each probe's own state is
+//! its `ON` bit;
 //! the code's state lives here, under the sled's own lock (taken after the
 //! probe's lock), so the two probes of a function can be toggled from
 //! different threads.
@@ -35,6 +40,8 @@ pub(crate) struct Sled {
     pub call: CallSite,
     /// `ON`, or the strategy that switched the code off.
     pub code: AtomicU8,
+    /// The code follows the entry probe alone ([`follow_entry`]).
+    follows_entry: AtomicBool,
     lock: AtomicBool,
 }
 
@@ -53,6 +60,7 @@ impl Sled {
             off,
             call,
             code: AtomicU8::new(Strategy::WordSync as u8),
+            follows_entry: AtomicBool::new(false),
             lock: AtomicBool::new(false),
         }
     }
@@ -116,7 +124,11 @@ pub(crate) fn set_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
         sled.entry
     };
     let partner_on = registry::get(partner).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
-    let want = on || partner_on;
+    let want = match (sled.follows_entry.load(Ordering::Relaxed), p.meta.kind) {
+        (false, _) => on || partner_on,
+        (true, ProbeKind::Entry) => on,
+        (true, ProbeKind::Exit) => partner_on,
+    };
     let code = sled.code.load(Ordering::Relaxed);
     if (code & ON != 0) != want {
         if want {
@@ -127,4 +139,35 @@ pub(crate) fn set_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
     }
     p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
     Ok(())
+}
+
+/// Makes sled exit probe `exit` follow its entry probe (see the module
+/// doc): from now on the sled's code is on only while the entry probe is,
+/// so the exit probe, while on, sees the returns of exactly the calls that
+/// entered while the entry probe was on. Returns whether `exit` is a sled
+/// exit probe.
+///
+/// The latency profiler's exit probes are its consumers: once a function's
+/// sample quota is filled its entry probe goes off, and until then the
+/// exit probe had to keep the code on for its sampled calls still in
+/// flight, so every further call of the function went through both
+/// trampolines and the exit handler only to be dropped as unmatched
+/// (QuickJS: ~12,000 a run, its recursive interpreter's sampled calls
+/// outlasting whole windows).
+pub(crate) fn follow_entry(exit: ProbeId) -> bool {
+    let Some(p) = registry::get(exit) else { return false };
+    let (Some(sled), ProbeKind::Exit) = (p.sled, p.meta.kind) else {
+        return false;
+    };
+    let _p = p.lock();
+    let _s = sled.lock();
+    sled.follows_entry.store(true, Ordering::Relaxed);
+    let entry_on = registry::get(sled.entry).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
+    if !entry_on && sled.code.load(Ordering::Relaxed) & ON != 0 {
+        // On for the exit alone until now.
+        if let Err(e) = sled.switch_off(exit) {
+            crate::log::warn(format_args!("sled of probe {exit}: {e}"));
+        }
+    }
+    true
 }
