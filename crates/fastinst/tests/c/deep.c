@@ -5,23 +5,10 @@
  * been entered and has returned. stdout says how many calls were made
  * (deterministic). */
 #include <stdio.h>
-#include <time.h>
+#include "spin.h"
 
 #define DEPTH 200
 #define ROUNDS 10000
-
-static volatile long sink;
-
-static long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static void spin_ns(long ns) {
-    long end = now_ns() + ns;
-    while (now_ns() < end) sink++;
-}
 
 __attribute__((noinline)) long descend(int d) {
     if (d == 0) {

@@ -6,23 +6,10 @@
  * THREADS x ROUNDS times; stdout says so (deterministic). */
 #include <pthread.h>
 #include <stdio.h>
-#include <time.h>
+#include "spin.h"
 
 #define THREADS 4
 #define ROUNDS 5000
-
-static volatile long sink;
-
-static long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-static void spin_ns(long ns) {
-    long end = now_ns() + ns;
-    while (now_ns() < end) sink++;
-}
 
 #define F(i) __attribute__((noinline)) void f##i(void) { spin_ns(500L * (i + 1)); }
 F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7)
