@@ -647,7 +647,8 @@ pub fn render_folded(r: &Report) -> String {
 }
 
 /// [`render_folded`] into `out`, a line at a time; returns whether the
-/// lines came out sorted, as inferno compares them ([`lines_sorted`]).
+/// lines came out sorted, as inferno compares them (each line, without its
+/// newline, at least the one before).
 fn folded_to(r: &Report, out: &mut impl std::fmt::Write) -> Result<bool, std::fmt::Error> {
     let (mut line, mut prev) = (String::new(), String::new());
     let mut sorted = true;
@@ -690,12 +691,13 @@ pub(super) fn push_folded(s: &mut String, name: &str) {
 
 /// The flame graph of the folded stacks.
 pub fn render_svg(r: &Report) -> Result<String, String> {
-    let folded = render_folded(r);
+    let mut folded = String::new();
+    let sorted = folded_to(r, &mut folded).map_err(|e| e.to_string())?;
     if folded.is_empty() {
         return Ok(String::new());
     }
     let mut out = Vec::new();
-    svg_to(r, Some(&folded), lines_sorted(&folded), &mut out).map_err(|e| e.to_string())?;
+    svg_to(r, Some(&folded), sorted, &mut out).map_err(|e| e.to_string())?;
     String::from_utf8(out).map_err(|e| e.to_string())
 }
 
@@ -856,7 +858,9 @@ pub(super) fn flame_options(r: &Report) -> inferno::flamegraph::Options<'static>
     opt
 }
 
-/// Whether inferno takes `folded`'s lines as sorted.
+/// Whether inferno takes `folded`'s lines as sorted (the check
+/// [`folded_to`] makes as it writes them, for the tests).
+#[cfg(test)]
 pub(super) fn lines_sorted(folded: &str) -> bool {
     let mut prev = "";
     folded.lines().all(|line| std::mem::replace(&mut prev, line) <= line)
@@ -870,8 +874,9 @@ pub(super) fn lines_sorted(folded: &str) -> bool {
 /// compact (pretty-printed it was 3.5 MB on SQLite and a third of the time
 /// spent here; `fastinst report --format json FILE` pretty-prints it), and
 /// the text, the folded stacks and the flame graph are no longer built
-/// whole in memory first (1-3 MB of fresh pages at exit, each a page fault,
-/// for text that went straight to a file).
+/// whole in memory first (1-3 MB of strings for text that went straight to
+/// a file: 0.3-0.6 ms of the reports on QuickJS and SQLite; the page faults
+/// stayed about the same, `malloc` reusing freed memory).
 pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     use std::io::Write as _;
     let path = |ext: &str| dir.join(format!("fastinst-profile.{}.{ext}", r.pid));
