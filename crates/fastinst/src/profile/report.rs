@@ -724,15 +724,20 @@ struct NamedRow {
 /// SQLite, took ~3 ms of its report.
 fn order_and_merge_named(names: &[Arc<str>], frames: &[u32], rows: &[NamedRow]) -> Vec<StackRow> {
     let ranks = token_ranks(names);
-    let mut keys: Vec<u32> = frames.iter().map(|&f| ranks[f as usize][0]).collect();
+    // Ranks as big-endian bytes: their byte order is their numeric order,
+    // and byte slices compare with `memcmp`. Deep paths share long
+    // prefixes (QuickJS's ~5,000 paths of ~20 frames), which an element by
+    // element comparison of `u32`s walked one at a time: the sort took 11%
+    // of the reports' time on its gcc `-finstrument-functions` build.
+    let mut keys: Vec<[u8; 4]> = frames.iter().map(|&f| ranks[f as usize][0].to_be_bytes()).collect();
     for r in rows {
         if r.frames.1 > r.frames.0 {
-            keys[r.frames.1 - 1] = ranks[frames[r.frames.1 - 1] as usize][1];
+            keys[r.frames.1 - 1] = ranks[frames[r.frames.1 - 1] as usize][1].to_be_bytes();
         }
     }
     let key = |i: u32| {
         let (a, b) = rows[i as usize].frames;
-        &keys[a..b]
+        keys[a..b].as_flattened()
     };
     let mut order: Vec<u32> = (0..rows.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| key(a).cmp(key(b)));
