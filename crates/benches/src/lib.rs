@@ -1,6 +1,6 @@
 //! The paper's evaluation reproduced on the machine at hand.
 //!
-//! Two harnesses:
+//! Three harnesses:
 //! - `fastinst-eval`: the paper's section 8 ([`eval`]): Table 2 toggle and
 //!   invocation costs beside a static guard ([`table2`]), Fig. 10 toggle
 //!   latency histograms ([`fig10`]), Fig. 11–13 throughput under a toggler
@@ -13,6 +13,10 @@
 //!   with gcc and clang, plain and instrumented ([`programs`]), and run one
 //!   at a time under every configuration ([`table3`]); CPU time comes from
 //!   `getrusage` ([`measure`]).
+//! - `fastinst-shares`: the same programs under `perf record -g`, every CPU
+//!   sample charged to the program or to a part of the runtime by its call
+//!   chain ([`shares`]): the runtime's direct cost as a share of each run,
+//!   which the machine's speed between runs does not move.
 //!
 //! Every time is in TSC ticks (or CPU seconds for whole programs), reported
 //! as median and p90 beside a baseline measured in the same run. The TSC of
@@ -31,9 +35,41 @@ pub mod inactive;
 pub mod measure;
 pub mod plot;
 pub mod programs;
+pub mod shares;
 pub mod sources;
 pub mod table1;
 pub mod table2;
 pub mod table3;
 
 pub use error::{EvalError, Result};
+
+/// A harness's `main`: `parse` the arguments (`None`: help asked for),
+/// print `usage` for help, `run` the rest; errors go to stderr under the
+/// harness's `name`, with exit status 2 for a bad command line and 1 for a
+/// failed run.
+pub fn harness_main<A>(
+    name: &str,
+    usage: &str,
+    parse: impl FnOnce(&[String]) -> Result<Option<A>>,
+    run: impl FnOnce(A) -> Result<()>,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match parse(&argv) {
+        Ok(None) => {
+            print!("{usage}");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(a)) => match run(a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("{name}: {e}\n(--help for usage)");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -59,7 +59,8 @@ impl Config {
         }
     }
 
-    fn env(self, lib: &Path, out: &Path) -> Vec<(String, String)> {
+    /// The environment a run in this configuration gets.
+    pub fn env(self, lib: &Path, out: &Path) -> Vec<(String, String)> {
         let preload = |tool: &str| {
             vec![
                 ("LD_PRELOAD".to_string(), lib.display().to_string()),

@@ -99,26 +99,10 @@ fn parse(argv: &[String]) -> Result<Option<Options>> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    match parse(&argv) {
-        Ok(None) => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Ok(Some(o)) => match run(&o) {
-            Ok(r) => {
-                print!("{}", r.markdown());
-                eprintln!("report written to {}", o.out.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("fastinst-eval: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("fastinst-eval: {e}\n(--help for usage)");
-            ExitCode::from(2)
-        }
-    }
+    fastinst_benches::harness_main("fastinst-eval", USAGE, parse, |o| {
+        let r = run(&o)?;
+        print!("{}", r.markdown());
+        eprintln!("report written to {}", o.out.display());
+        Ok(())
+    })
 }

@@ -148,22 +148,5 @@ fn run(a: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    match parse(&argv) {
-        Ok(None) => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Ok(Some(a)) => match run(a) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("fastinst-table3: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("fastinst-table3: {e}\n(--help for usage)");
-            ExitCode::from(2)
-        }
-    }
+    fastinst_benches::harness_main("fastinst-table3", USAGE, parse, run)
 }

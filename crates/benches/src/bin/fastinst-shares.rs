@@ -1,0 +1,388 @@
+//! `fastinst-shares`: where the profiled runs of Table 3's programs spend
+//! their CPU time, as shares of each run's own samples (see
+//! `fastinst_benches::shares`).
+
+use fastinst_benches::measure::geomean;
+use fastinst_benches::programs::{build_all, installed, work_dir, Compiler, Program, PROGRAMS};
+use fastinst_benches::shares::{Objects, Phase, Shares, PHASES};
+use fastinst_benches::table3::Config;
+use fastinst_benches::{sources, EvalError, Result};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+const USAGE: &str = "\
+usage: fastinst-shares [options]
+
+Records runs of Table 3's programs with `perf record -g` (cpu-clock) and
+charges every CPU sample to the program or to a part of the runtime
+(handlers, sampler, reports, start-up) by its call chain: the runtime's
+direct cost as a share of each run, which the machine's speed between runs
+does not move. Needs perf (Debian: apt-get install linux-perf) and
+builds its own libfastinst.so with frame pointers. Prints a Markdown table.
+
+options:
+  --runs N            runs per configuration (default 5)
+  --programs LIST     subset of bzip2,quickjs,sqlite
+  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled
+  --configs LIST      subset of plain,floor,profile (default: all three)
+  --freq HZ           samples per second (default 4000)
+  --work DIR          builds and scratch (default: target/fastinst-eval)
+  --lib PATH          a libfastinst.so built with frame pointers (default:
+                      build one under WORK/fp-target)
+  --json PATH         also write the shares as JSON
+  --from-json PATH    print the tables of an earlier run's JSON instead
+  -h, --help          this text
+";
+
+struct Args {
+    runs: usize,
+    programs: Vec<Program>,
+    compilers: Vec<Compiler>,
+    configs: Vec<Config>,
+    freq: u32,
+    work: PathBuf,
+    lib: Option<PathBuf>,
+    json: Option<PathBuf>,
+    from_json: Option<PathBuf>,
+}
+
+fn list<T>(v: &str, opt: &str, one: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
+    v.split(',')
+        .map(|x| one(x).ok_or_else(|| EvalError::Usage(format!("{opt}: `{x}` is not one of the choices"))))
+        .collect()
+}
+
+fn parse(argv: &[String]) -> Result<Option<Args>> {
+    let mut a = Args {
+        runs: 5,
+        programs: PROGRAMS.to_vec(),
+        compilers: Compiler::ALL.to_vec(),
+        configs: vec![Config::Plain, Config::Floor, Config::Profile],
+        freq: 4000,
+        work: PathBuf::from("target/fastinst-eval"),
+        lib: None,
+        json: None,
+        from_json: None,
+    };
+    let mut it = argv.iter();
+    while let Some(opt) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| EvalError::Usage(format!("{opt} needs a value")))
+        };
+        let number = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| EvalError::Usage(format!("{opt}: `{v}` is not a number")))
+        };
+        match opt.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--runs" => a.runs = number(value()?)?.max(1),
+            "--freq" => a.freq = number(value()?)?.clamp(100, 50_000) as u32,
+            "--work" => a.work = value()?.into(),
+            "--lib" => a.lib = Some(value()?.into()),
+            "--json" => a.json = Some(value()?.into()),
+            "--from-json" => a.from_json = Some(value()?.into()),
+            "--programs" => a.programs = list(&value()?, opt, |p| PROGRAMS.into_iter().find(|x| x.name() == p))?,
+            "--compilers" => a.compilers = list(&value()?, opt, |c| Compiler::ALL.into_iter().find(|x| x.name() == c))?,
+            "--configs" => {
+                a.configs = list(&value()?, opt, |c| {
+                    [Config::Plain, Config::Floor, Config::Profile]
+                        .into_iter()
+                        .find(|x| x.name() == c)
+                })?
+            }
+            other => return Err(EvalError::Usage(format!("unknown option {other}"))),
+        }
+    }
+    Ok(Some(a))
+}
+
+/// `libfastinst.so` with frame pointers, so that perf can walk from a
+/// handler's innermost function out to the hook that called it.
+fn frame_pointer_library(work: &Path) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = work.join("fp-target");
+    let flags = match std::env::var("RUSTFLAGS") {
+        Ok(f) if !f.is_empty() => format!("{f} -C force-frame-pointers=yes"),
+        _ => "-C force-frame-pointers=yes".to_string(),
+    };
+    eprintln!("building libfastinst.so with frame pointers under {}", target.display());
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "fastinst", "--target-dir"])
+        .arg(&target)
+        .env("RUSTFLAGS", flags)
+        .status()
+        .map_err(|e| EvalError::Tool(format!("cargo: {e}")))?;
+    if !status.success() {
+        return Err(EvalError::Tool(format!(
+            "cargo build of the frame-pointer library: {status}"
+        )));
+    }
+    Ok(target.join("release/libfastinst.so"))
+}
+
+fn perf_available() -> Result<()> {
+    match Command::new("perf").arg("--version").stdout(Stdio::null()).status() {
+        Ok(s) if s.success() => Ok(()),
+        _ => Err(EvalError::Tool(
+            "perf not found or not working (Debian: apt-get install linux-perf)".into(),
+        )),
+    }
+}
+
+/// One recorded run, its samples added to `shares`.
+fn record(
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    out: &Path,
+    freq: u32,
+    objects: &Objects,
+    shares: &mut Shares,
+) -> Result<()> {
+    let data = out.join("perf.data");
+    let stdout = std::fs::File::create(out.join("stdout")).map_err(|e| EvalError::Io {
+        path: out.join("stdout"),
+        source: e,
+    })?;
+    let mut cmd = Command::new("perf");
+    cmd.args(["record", "-q", "-e", "cpu-clock", "-g", "-F", &freq.to_string(), "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(bin)
+        .args(args)
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().map_err(|e| EvalError::Tool(format!("perf record: {e}")))?;
+    if !o.status.success() {
+        return Err(EvalError::WrongResult(format!(
+            "{} under perf: {}\n{}",
+            bin.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        )));
+    }
+    let script = Command::new("perf")
+        .args(["script", "-F", "pid,tid,ip,sym,dso", "-i"])
+        .arg(&data)
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| EvalError::Tool(format!("perf script: {e}")))?;
+    let read = shares.add_script(&String::from_utf8_lossy(&script.stdout), objects);
+    if read == 0 {
+        return Err(EvalError::Tool(format!(
+            "perf script read no samples from {}",
+            data.display()
+        )));
+    }
+    shares.runs += 1;
+    Ok(())
+}
+
+/// One table row's subject.
+/// What `--json` writes and `--from-json` reads.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    header: String,
+    rows: Vec<Row>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Row {
+    program: String,
+    build: String,
+    config: String,
+    shares: Shares,
+}
+
+fn run(a: Args) -> Result<()> {
+    if let Some(p) = &a.from_json {
+        let text = std::fs::read_to_string(p).map_err(|source| EvalError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let saved: Saved = serde_json::from_str(&text)
+            .map_err(|e| EvalError::Tool(format!("{}: not a fastinst-shares JSON file: {e}", p.display())))?;
+        print!("{}", render(&saved));
+        return Ok(());
+    }
+    perf_available()?;
+    let work = work_dir(&a.work)?;
+    let lib = match &a.lib {
+        Some(l) => l.clone(),
+        None => frame_pointer_library(&work)?,
+    };
+    let runtime = lib
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| EvalError::Usage(format!("--lib {}: not a file", lib.display())))?;
+    let compilers = installed(&a.compilers, "its builds are left out");
+    let srcs = sources::fetch(&work)?;
+    let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
+    let mut rows = Vec::new();
+    for &p in &a.programs {
+        let args = p.workload(&work)?;
+        for &c in &compilers {
+            for &config in &a.configs {
+                let bin = bins
+                    .iter()
+                    .find(|b| b.program == p && b.compiler == c && b.instrumented == (config != Config::Plain))
+                    .expect("built above");
+                let program = bin
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let objects = Objects {
+                    runtime: runtime.clone(),
+                    program,
+                };
+                let out = work
+                    .join("out")
+                    .join(format!("shares-{}-{}-{}", p.name(), c.name(), config.name()));
+                let mut shares = Shares::default();
+                for i in 0..a.runs {
+                    let _ = std::fs::remove_dir_all(&out);
+                    std::fs::create_dir_all(&out).map_err(|e| EvalError::Io {
+                        path: out.clone(),
+                        source: e,
+                    })?;
+                    record(
+                        &bin.path,
+                        &args,
+                        &config.env(&lib, &out),
+                        &out,
+                        a.freq,
+                        &objects,
+                        &mut shares,
+                    )?;
+                    eprintln!(
+                        "  {}-{} {} run {}: {} samples so far",
+                        p.name(),
+                        c.name(),
+                        config.name(),
+                        i + 1,
+                        shares.total()
+                    );
+                }
+                let _ = std::fs::remove_dir_all(&out);
+                rows.push(Row {
+                    program: p.name().into(),
+                    build: c.name().into(),
+                    config: config.name().into(),
+                    shares,
+                });
+            }
+        }
+    }
+    let m = calibrate::machine::Machine::detect();
+    let saved = Saved {
+        header: format!(
+            "CPU samples by part of the run, % of each configuration's samples ({} runs each, perf cpu-clock at {} Hz, call chains by frame pointers), {} on {} ({} CPUs, kernel {}); `fastinst-shares{}`.",
+            a.runs,
+            a.freq,
+            m.date,
+            m.cpu_model,
+            m.cores,
+            m.kernel,
+            std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
+        ),
+        rows,
+    };
+    print!("{}", render(&saved));
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&saved).expect("rows serialise");
+        std::fs::write(p, text).map_err(|source| EvalError::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn render(saved: &Saved) -> String {
+    let rows = &saved.rows;
+    let mut s = format!("{}\n\n", saved.header);
+    s.push_str("| program | build | config | samples |");
+    for p in PHASES {
+        let _ = write!(s, " {} |", p.name());
+    }
+    s.push_str(" **runtime / rest** |\n| --- | --- | --- | ---: |");
+    for _ in PHASES {
+        s.push_str(" ---: |");
+    }
+    s.push_str(" ---: |\n");
+    for r in rows {
+        let _ = write!(
+            s,
+            "| {} | {} | {} | {} |",
+            r.program,
+            r.build,
+            r.config,
+            r.shares.total()
+        );
+        for p in PHASES {
+            let _ = write!(s, " {:.2} |", r.shares.pct(p));
+        }
+        let _ = writeln!(s, " **{:+.2}%** |", r.shares.direct_slowdown_pct());
+    }
+    // The direct cost each target is about: a `-finstrument-functions`
+    // build's profile against its floor (which pays start-up too), a sled
+    // build's against the plain build (which pays nothing).
+    s.push_str("\nDirect cost of the profile runs: `-finstrument-functions` builds over their floor (handlers, sampler, reports over the program and start-up), sled builds over the plain build (every runtime part over the program); the sleds' NOPs run inside the program's share and are not in it.\n\n| build | ");
+    let programs: Vec<&str> = rows.iter().fold(Vec::new(), |mut v, r| {
+        if !v.contains(&r.program.as_str()) {
+            v.push(&r.program);
+        }
+        v
+    });
+    for p in &programs {
+        let _ = write!(s, "{p} | ");
+    }
+    s.push_str("geomean |\n| --- |");
+    for _ in 0..=programs.len() {
+        s.push_str(" ---: |");
+    }
+    s.push('\n');
+    let builds: Vec<&str> = rows.iter().fold(Vec::new(), |mut v, r| {
+        if !v.contains(&r.build.as_str()) {
+            v.push(&r.build);
+        }
+        v
+    });
+    for b in builds {
+        let base: &[Phase] = if b.ends_with("-sled") {
+            &[Phase::App, Phase::Kernel]
+        } else {
+            &[Phase::App, Phase::Kernel, Phase::Startup]
+        };
+        let costs: Vec<f64> = programs
+            .iter()
+            .filter_map(|p| {
+                rows.iter()
+                    .find(|r| r.program == *p && r.build == b && r.config == Config::Profile.name())
+                    .map(|r| r.shares.cost_over(base))
+            })
+            .collect();
+        if costs.len() != programs.len() {
+            continue;
+        }
+        let _ = write!(s, "| {b} |");
+        for c in &costs {
+            let _ = write!(s, " {c:+.2}% |");
+        }
+        let g = geomean(&costs.iter().map(|c| 1.0 + c / 100.0).collect::<Vec<_>>());
+        let _ = writeln!(s, " **{:+.2}%** |", (g - 1.0) * 100.0);
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    fastinst_benches::harness_main("fastinst-shares", USAGE, parse, run)
+}
