@@ -43,6 +43,29 @@ pub mod table3;
 
 pub use error::{EvalError, Result};
 
+/// Where and when a table was measured, and the command that did it, as
+/// its heading says: `DATE on CPU (N CPUs, kernel K); `NAME ARGS``.
+pub fn provenance(name: &str) -> String {
+    let m = calibrate::machine::Machine::detect();
+    format!(
+        "{} on {} ({} CPUs, kernel {}); `{name}{}`",
+        m.date,
+        m.cpu_model,
+        m.cores,
+        m.kernel,
+        std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
+    )
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).expect("tables serialise");
+    std::fs::write(path, text).map_err(|source| EvalError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// A harness's `main`: `parse` the arguments (`None`: help asked for),
 /// print `usage` for help, `run` the rest; errors go to stderr under the
 /// harness's `name`, with exit status 2 for a bad command line and 1 for a

@@ -281,27 +281,18 @@ fn run(a: Args) -> Result<()> {
             }
         }
     }
-    let m = calibrate::machine::Machine::detect();
     let saved = Saved {
         header: format!(
-            "CPU samples by part of the run, % of each configuration's samples ({} runs each, perf cpu-clock at {} Hz, call chains by frame pointers), {} on {} ({} CPUs, kernel {}); `fastinst-shares{}`.",
+            "CPU samples by part of the run, % of each configuration's samples ({} runs each, perf cpu-clock at {} Hz, call chains by frame pointers), {}.",
             a.runs,
             a.freq,
-            m.date,
-            m.cpu_model,
-            m.cores,
-            m.kernel,
-            std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
+            fastinst_benches::provenance("fastinst-shares")
         ),
         rows,
     };
     print!("{}", render(&saved));
     if let Some(p) = &a.json {
-        let text = serde_json::to_string_pretty(&saved).expect("rows serialise");
-        std::fs::write(p, text).map_err(|source| EvalError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        fastinst_benches::write_json(p, &saved)?;
     }
     Ok(())
 }

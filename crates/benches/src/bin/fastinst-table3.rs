@@ -125,24 +125,15 @@ fn run(a: Args) -> Result<()> {
             rows.push(measure_row(&opts, find(false), find(true), &args)?);
         }
     }
-    let m = calibrate::machine::Machine::detect();
     let header = format!(
-        "Profiler slowdown in CPU time (user + system), {} on {} ({} CPUs, kernel {}), {} rounds ({} with all-on) after a warm-up; `fastinst-table3{}`.",
-        m.date,
-        m.cpu_model,
-        m.cores,
-        m.kernel,
+        "Profiler slowdown in CPU time (user + system), {} rounds ({} with all-on) after a warm-up, {}.",
         a.rounds,
         a.all_on_rounds,
-        std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
+        fastinst_benches::provenance("fastinst-table3")
     );
     print!("{}", render_markdown(&rows, &a.programs, &header));
     if let Some(p) = &a.json {
-        let text = serde_json::to_string_pretty(&rows).expect("rows serialise");
-        std::fs::write(p, text).map_err(|source| EvalError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        fastinst_benches::write_json(p, &rows)?;
     }
     Ok(())
 }
