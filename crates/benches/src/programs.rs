@@ -82,6 +82,29 @@ pub fn installed(wanted: &[Compiler], what: &str) -> Vec<Compiler> {
         .collect()
 }
 
+/// The programs a comma-separated `list` names (the option `opt` took it).
+pub fn programs_named(list: &str, opt: &str) -> Result<Vec<Program>> {
+    named(list, opt, &PROGRAMS, Program::name)
+}
+
+/// The builds a comma-separated `list` names (the option `opt` took it).
+pub fn compilers_named(list: &str, opt: &str) -> Result<Vec<Compiler>> {
+    named(list, opt, &Compiler::ALL, Compiler::name)
+}
+
+/// The items of `all` a comma-separated `list` names by `name`; an unknown
+/// one is a usage error that lists the choices.
+pub fn named<T: Copy>(list: &str, opt: &str, all: &[T], name: fn(T) -> &'static str) -> Result<Vec<T>> {
+    list.split(',')
+        .map(|x| {
+            all.iter().copied().find(|&t| name(t) == x).ok_or_else(|| {
+                let choices: Vec<&str> = all.iter().map(|&t| name(t)).collect();
+                EvalError::Usage(format!("{opt}: `{x}` is not one of {}", choices.join(", ")))
+            })
+        })
+        .collect()
+}
+
 /// Creates the scratch directory `dir` and returns its absolute path.
 pub fn work_dir(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(EvalError::io(dir))?;
@@ -391,6 +414,23 @@ fn build_one(b: &Binary, args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lists_name_programs_and_builds_and_refuse_others_with_the_choices() {
+        assert_eq!(
+            programs_named("sqlite,bzip2", "--programs").expect("known"),
+            [Program::Sqlite, Program::Bzip2]
+        );
+        assert_eq!(
+            compilers_named("clang-sled", "--compilers").expect("known"),
+            [Compiler::ClangSled]
+        );
+        let e = compilers_named("gcc,icc", "--compilers").expect_err("icc is not a build");
+        assert_eq!(
+            e.to_string(),
+            "--compilers: `icc` is not one of gcc, clang, gcc-sled, clang-sled"
+        );
+    }
 
     #[test]
     fn generated_text_is_deterministic_and_wordy() {

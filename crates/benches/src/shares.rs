@@ -163,7 +163,9 @@ pub fn classify(frames: &[Frame], objects: &Objects) -> Phase {
     // it) was taken, read from the registers; only there can code in
     // anonymous memory be told apart from a chain walked into garbage
     // (the programs' own code keeps no frame pointers, so a walk that
-    // starts in the C library under them goes astray).
+    // starts in the C library under them goes astray). A few addresses
+    // perf could not map land here too: 0.00-0.01% of the plain builds'
+    // samples on 2026-11-24.
     let first_user = frames.iter().find(|f| !f.is_kernel());
     if first_user.is_some_and(|f| f.dso == "[unknown]" && f.sym == "[unknown]") {
         return Phase::Handlers;

@@ -3,7 +3,9 @@
 //! `fastinst_benches::shares`).
 
 use fastinst_benches::measure::geomean;
-use fastinst_benches::programs::{build_all, installed, work_dir, Compiler, Program, PROGRAMS};
+use fastinst_benches::programs::{
+    build_all, compilers_named, installed, named, programs_named, work_dir, Compiler, Program, PROGRAMS,
+};
 use fastinst_benches::shares::{Objects, Phase, Shares, PHASES};
 use fastinst_benches::table3::Config;
 use fastinst_benches::{sources, EvalError, Result};
@@ -47,18 +49,15 @@ struct Args {
     from_json: Option<PathBuf>,
 }
 
-fn list<T>(v: &str, opt: &str, one: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
-    v.split(',')
-        .map(|x| one(x).ok_or_else(|| EvalError::Usage(format!("{opt}: `{x}` is not one of the choices"))))
-        .collect()
-}
+/// The configurations this harness records.
+const RECORDED: [Config; 3] = [Config::Plain, Config::Floor, Config::Profile];
 
 fn parse(argv: &[String]) -> Result<Option<Args>> {
     let mut a = Args {
         runs: 5,
         programs: PROGRAMS.to_vec(),
         compilers: Compiler::ALL.to_vec(),
-        configs: vec![Config::Plain, Config::Floor, Config::Profile],
+        configs: RECORDED.to_vec(),
         freq: 4000,
         work: PathBuf::from("target/fastinst-eval"),
         lib: None,
@@ -84,15 +83,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "--lib" => a.lib = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
             "--from-json" => a.from_json = Some(value()?.into()),
-            "--programs" => a.programs = list(&value()?, opt, |p| PROGRAMS.into_iter().find(|x| x.name() == p))?,
-            "--compilers" => a.compilers = list(&value()?, opt, |c| Compiler::ALL.into_iter().find(|x| x.name() == c))?,
-            "--configs" => {
-                a.configs = list(&value()?, opt, |c| {
-                    [Config::Plain, Config::Floor, Config::Profile]
-                        .into_iter()
-                        .find(|x| x.name() == c)
-                })?
-            }
+            "--programs" => a.programs = programs_named(&value()?, opt)?,
+            "--compilers" => a.compilers = compilers_named(&value()?, opt)?,
+            "--configs" => a.configs = named(&value()?, opt, &RECORDED, Config::name)?,
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
     }

@@ -1,7 +1,9 @@
 //! `fastinst-table3`: the latency profiler on real programs (the paper's
 //! Table 3) on this machine. See the `fastinst_benches` crate.
 
-use fastinst_benches::programs::{build_all, installed, work_dir, Compiler, Program, PROGRAMS};
+use fastinst_benches::programs::{
+    build_all, compilers_named, installed, programs_named, work_dir, Compiler, Program, PROGRAMS,
+};
 use fastinst_benches::table3::{measure_row, render_markdown, Options};
 use fastinst_benches::{sources, EvalError, Result};
 use std::path::PathBuf;
@@ -69,31 +71,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "--work" => a.work = value()?.into(),
             "--lib" => a.lib = Some(value()?.into()),
             "--json" => a.json = Some(value()?.into()),
-            "--programs" => {
-                a.programs = value()?
-                    .split(',')
-                    .map(|p| {
-                        PROGRAMS
-                            .into_iter()
-                            .find(|x| x.name() == p)
-                            .ok_or_else(|| usage(format!("--programs: no program `{p}`")))
-                    })
-                    .collect::<Result<_>>()?
-            }
-            "--compilers" => {
-                a.compilers = value()?
-                    .split(',')
-                    .map(|c| match c {
-                        "gcc" => Ok(Compiler::Gcc),
-                        "clang" => Ok(Compiler::Clang),
-                        "gcc-sled" => Ok(Compiler::GccSled),
-                        "clang-sled" => Ok(Compiler::ClangSled),
-                        _ => Err(usage(format!(
-                            "--compilers: `{c}` is not gcc, clang, gcc-sled or clang-sled"
-                        ))),
-                    })
-                    .collect::<Result<_>>()?
-            }
+            "--programs" => a.programs = programs_named(&value()?, opt)?,
+            "--compilers" => a.compilers = compilers_named(&value()?, opt)?,
             other => return Err(usage(format!("unknown option {other}"))),
         }
     }
