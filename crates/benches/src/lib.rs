@@ -1,6 +1,6 @@
 //! The paper's evaluation reproduced on the machine at hand.
 //!
-//! Three harnesses:
+//! Four harnesses:
 //! - `fastinst-eval`: the paper's section 8 ([`eval`]): Table 2 toggle and
 //!   invocation costs beside a static guard ([`table2`]), Fig. 10 toggle
 //!   latency histograms ([`fig10`]), Fig. 11–13 throughput under a toggler
@@ -17,6 +17,10 @@
 //!   sample charged to the program or to a part of the runtime by its call
 //!   chain ([`shares`]): the runtime's direct cost as a share of each run,
 //!   which the machine's speed between runs does not move.
+//! - `fastinst-cachesim`: the same programs under Valgrind's cachegrind
+//!   ([`cachesim`]): the program's own instructions and cache misses with
+//!   the sleds' NOPs and under the profiler, the two costs the samples
+//!   cannot see, counted where a comparison of timed runs drowns in noise.
 //!
 //! Every time is in TSC ticks (or CPU seconds for whole programs), reported
 //! as median and p90 beside a baseline measured in the same run. The TSC of
@@ -26,6 +30,7 @@
 //! `cargo bench -p fastinst-benches` runs the criterion benches of the same
 //! operations (`benches/inactive.rs`).
 
+pub mod cachesim;
 pub mod driver;
 pub mod error;
 pub mod eval;
@@ -55,6 +60,37 @@ pub fn provenance(name: &str) -> String {
         m.kernel,
         std::env::args().skip(1).map(|x| format!(" {x}")).collect::<String>()
     )
+}
+
+/// A harness's command line, read option by option, with the errors
+/// every harness gives for a missing value or a value that is not a count.
+pub struct Argv<'a>(std::slice::Iter<'a, String>);
+
+impl<'a> Argv<'a> {
+    /// The arguments after the program name.
+    pub fn new(argv: &'a [String]) -> Self {
+        Argv(argv.iter())
+    }
+
+    /// The next option, if any.
+    pub fn next_opt(&mut self) -> Option<&'a str> {
+        self.0.next().map(String::as_str)
+    }
+
+    /// The value that follows option `opt`.
+    pub fn value(&mut self, opt: &str) -> Result<String> {
+        self.0
+            .next()
+            .cloned()
+            .ok_or_else(|| EvalError::Usage(format!("{opt} needs a value")))
+    }
+
+    /// The value that follows option `opt`, as a count.
+    pub fn number(&mut self, opt: &str) -> Result<usize> {
+        let v = self.value(opt)?;
+        v.parse::<usize>()
+            .map_err(|_| EvalError::Usage(format!("{opt}: `{v}` is not a number")))
+    }
 }
 
 /// Writes `value` as pretty JSON to `path`.
@@ -94,5 +130,31 @@ pub fn harness_main<A>(
             eprintln!("{name}: {e}\n(--help for usage)");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_reads_options_values_and_counts_and_names_the_option_in_errors() {
+        let v: Vec<String> = ["--runs", "3", "--lib", "x.so", "--jobs", "many", "--work"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut a = Argv::new(&v);
+        assert_eq!(a.next_opt(), Some("--runs"));
+        assert_eq!(a.number("--runs").unwrap(), 3);
+        assert_eq!(a.next_opt(), Some("--lib"));
+        assert_eq!(a.value("--lib").unwrap(), "x.so");
+        assert_eq!(a.next_opt(), Some("--jobs"));
+        assert_eq!(
+            a.number("--jobs").unwrap_err().to_string(),
+            "--jobs: `many` is not a number"
+        );
+        assert_eq!(a.next_opt(), Some("--work"));
+        assert_eq!(a.value("--work").unwrap_err().to_string(), "--work needs a value");
+        assert_eq!(a.next_opt(), None);
     }
 }

@@ -254,6 +254,47 @@ impl Shares {
     }
 }
 
+/// A `fastinst-shares` run as its `--json` writes it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    /// The table's heading: what was run, when, where.
+    pub header: String,
+    /// One row per program, build and configuration.
+    pub rows: Vec<SavedRow>,
+}
+
+/// One configuration's samples in a [`Saved`] run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct SavedRow {
+    /// Program name (`quickjs`).
+    pub program: String,
+    /// Build name (`gcc`, `clang-sled`).
+    pub build: String,
+    /// Configuration name (`plain`, `floor`, `profile`).
+    pub config: String,
+    /// Its samples.
+    pub shares: Shares,
+}
+
+impl Saved {
+    /// The direct cost of `program`'s profile runs on `build`, in percent,
+    /// against the baseline its target names: a `-finstrument-functions`
+    /// build against its floor (the program and start-up, which the floor
+    /// pays too), a sled build against the plain build (the program alone;
+    /// the sleds' NOPs run inside it and are not in this figure).
+    pub fn direct_cost(&self, program: &str, build: &str) -> Option<f64> {
+        let base: &[Phase] = if build.ends_with("-sled") {
+            &[Phase::App, Phase::Kernel]
+        } else {
+            &[Phase::App, Phase::Kernel, Phase::Startup]
+        };
+        self.rows
+            .iter()
+            .find(|r| r.program == program && r.build == build && r.config == "profile")
+            .map(|r| r.shares.cost_over(base))
+    }
+}
+
 /// One chain line of `perf script`: `\t<ip> <symbol> (<dso>)`; the symbol
 /// may hold spaces and parentheses, the object is the last parenthesised
 /// part.
@@ -422,6 +463,39 @@ mod tests {
         // 9 runtime samples over the other 91.
         assert!((sh.direct_slowdown_pct() - 900.0 / 91.0).abs() < 1e-9);
         assert!((sh.cost_over(&[Phase::App, Phase::Kernel, Phase::Sampler]) - 600.0 / 94.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn direct_cost_is_read_against_each_targets_baseline() {
+        let shares = |app, startup, handlers| Shares {
+            samples: [
+                (Phase::App, app),
+                (Phase::Startup, startup),
+                (Phase::Handlers, handlers),
+            ]
+            .into(),
+            runs: 1,
+        };
+        let row = |build: &str, config: &str, s: Shares| SavedRow {
+            program: "quickjs".into(),
+            build: build.into(),
+            config: config.into(),
+            shares: s,
+        };
+        let saved = Saved {
+            header: String::new(),
+            rows: vec![
+                row("gcc", "floor", shares(95, 5, 0)),
+                row("gcc", "profile", shares(90, 5, 5)),
+                row("gcc-sled", "profile", shares(90, 5, 5)),
+            ],
+        };
+        // The floor pays start-up too: handlers over program and start-up.
+        assert!((saved.direct_cost("quickjs", "gcc").unwrap() - 500.0 / 95.0).abs() < 1e-9);
+        // Against the plain build, start-up is the runtime's.
+        assert!((saved.direct_cost("quickjs", "gcc-sled").unwrap() - 1000.0 / 90.0).abs() < 1e-9);
+        assert_eq!(saved.direct_cost("quickjs", "clang"), None);
+        assert_eq!(saved.direct_cost("sqlite", "gcc"), None);
     }
 
     #[test]

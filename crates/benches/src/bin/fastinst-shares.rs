@@ -6,9 +6,9 @@ use fastinst_benches::measure::geomean;
 use fastinst_benches::programs::{
     build_all, compilers_named, installed, named, programs_named, work_dir, Compiler, Program, PROGRAMS,
 };
-use fastinst_benches::shares::{Objects, Phase, Shares, PHASES};
+use fastinst_benches::shares::{Objects, Saved, SavedRow, Shares, PHASES};
 use fastinst_benches::table3::Config;
-use fastinst_benches::{sources, EvalError, Result};
+use fastinst_benches::{sources, Argv, EvalError, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -64,28 +64,19 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         json: None,
         from_json: None,
     };
-    let mut it = argv.iter();
-    while let Some(opt) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| EvalError::Usage(format!("{opt} needs a value")))
-        };
-        let number = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| EvalError::Usage(format!("{opt}: `{v}` is not a number")))
-        };
-        match opt.as_str() {
+    let mut argv = Argv::new(argv);
+    while let Some(opt) = argv.next_opt() {
+        match opt {
             "-h" | "--help" => return Ok(None),
-            "--runs" => a.runs = number(value()?)?.max(1),
-            "--freq" => a.freq = number(value()?)?.clamp(100, 50_000) as u32,
-            "--work" => a.work = value()?.into(),
-            "--lib" => a.lib = Some(value()?.into()),
-            "--json" => a.json = Some(value()?.into()),
-            "--from-json" => a.from_json = Some(value()?.into()),
-            "--programs" => a.programs = programs_named(&value()?, opt)?,
-            "--compilers" => a.compilers = compilers_named(&value()?, opt)?,
-            "--configs" => a.configs = named(&value()?, opt, &RECORDED, Config::name)?,
+            "--runs" => a.runs = argv.number(opt)?.max(1),
+            "--freq" => a.freq = argv.number(opt)?.clamp(100, 50_000) as u32,
+            "--work" => a.work = argv.value(opt)?.into(),
+            "--lib" => a.lib = Some(argv.value(opt)?.into()),
+            "--json" => a.json = Some(argv.value(opt)?.into()),
+            "--from-json" => a.from_json = Some(argv.value(opt)?.into()),
+            "--programs" => a.programs = programs_named(&argv.value(opt)?, opt)?,
+            "--compilers" => a.compilers = compilers_named(&argv.value(opt)?, opt)?,
+            "--configs" => a.configs = named(&argv.value(opt)?, opt, &RECORDED, Config::name)?,
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
     }
@@ -178,22 +169,6 @@ fn record(
     Ok(())
 }
 
-/// One table row's subject.
-/// What `--json` writes and `--from-json` reads.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Saved {
-    header: String,
-    rows: Vec<Row>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Row {
-    program: String,
-    build: String,
-    config: String,
-    shares: Shares,
-}
-
 fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.from_json {
         let text = std::fs::read_to_string(p).map_err(|source| EvalError::Io {
@@ -265,7 +240,7 @@ fn run(a: Args) -> Result<()> {
                     );
                 }
                 let _ = std::fs::remove_dir_all(&out);
-                rows.push(Row {
+                rows.push(SavedRow {
                     program: p.name().into(),
                     build: c.name().into(),
                     config: config.name().into(),
@@ -341,19 +316,7 @@ fn render(saved: &Saved) -> String {
         v
     });
     for b in builds {
-        let base: &[Phase] = if b.ends_with("-sled") {
-            &[Phase::App, Phase::Kernel]
-        } else {
-            &[Phase::App, Phase::Kernel, Phase::Startup]
-        };
-        let costs: Vec<f64> = programs
-            .iter()
-            .filter_map(|p| {
-                rows.iter()
-                    .find(|r| r.program == *p && r.build == b && r.config == Config::Profile.name())
-                    .map(|r| r.shares.cost_over(base))
-            })
-            .collect();
+        let costs: Vec<f64> = programs.iter().filter_map(|p| saved.direct_cost(p, b)).collect();
         if costs.len() != programs.len() {
             continue;
         }

@@ -5,7 +5,7 @@ use fastinst_benches::programs::{
     build_all, compilers_named, installed, programs_named, work_dir, Compiler, Program, PROGRAMS,
 };
 use fastinst_benches::table3::{measure_row, render_markdown, Options};
-use fastinst_benches::{sources, EvalError, Result};
+use fastinst_benches::{sources, Argv, EvalError, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -54,26 +54,20 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         lib: None,
         json: None,
     };
-    let mut it = argv.iter();
-    let usage = |m: String| EvalError::Usage(m);
-    while let Some(opt) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| usage(format!("{opt} needs a value")));
-        let number = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| usage(format!("{opt}: `{v}` is not a number")))
-        };
-        match opt.as_str() {
+    let mut argv = Argv::new(argv);
+    while let Some(opt) = argv.next_opt() {
+        match opt {
             "-h" | "--help" => return Ok(None),
             "--quick" => (a.rounds, a.all_on_rounds) = (3, 1),
-            "--rounds" => a.rounds = number(value()?)?.max(1),
-            "--all-on-rounds" => a.all_on_rounds = number(value()?)?,
-            "--repeat" => a.repeat = number(value()?)?.max(1),
-            "--work" => a.work = value()?.into(),
-            "--lib" => a.lib = Some(value()?.into()),
-            "--json" => a.json = Some(value()?.into()),
-            "--programs" => a.programs = programs_named(&value()?, opt)?,
-            "--compilers" => a.compilers = compilers_named(&value()?, opt)?,
-            other => return Err(usage(format!("unknown option {other}"))),
+            "--rounds" => a.rounds = argv.number(opt)?.max(1),
+            "--all-on-rounds" => a.all_on_rounds = argv.number(opt)?,
+            "--repeat" => a.repeat = argv.number(opt)?.max(1),
+            "--work" => a.work = argv.value(opt)?.into(),
+            "--lib" => a.lib = Some(argv.value(opt)?.into()),
+            "--json" => a.json = Some(argv.value(opt)?.into()),
+            "--programs" => a.programs = programs_named(&argv.value(opt)?, opt)?,
+            "--compilers" => a.compilers = compilers_named(&argv.value(opt)?, opt)?,
+            other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
     }
     a.all_on_rounds = a.all_on_rounds.min(a.rounds);
