@@ -117,14 +117,14 @@ pub struct Sides {
 /// Whether the function `name`, from source file `file` (`???` when the
 /// object has no line tables), is the runtime's. The programs are C, whose
 /// function names never hold `::`; every Rust function's demangled name
-/// does. The runtime's assembly entry points are named `fastinst_*`, and
-/// its line tables name files under the workspace's `crates/`, the Rust
-/// library and Cargo's registry.
+/// does (Valgrind demangles; a legacy-mangled `_ZN` name is caught too).
+/// The runtime's assembly entry points are named `fastinst_*`, and its
+/// line tables name files under the workspace's `crates/`, the Rust library
+/// and Cargo's registry.
 pub fn is_runtime(file: &str, name: &str) -> bool {
     name.contains("::")
         || name.starts_with("fastinst_")
         || name.starts_with("_ZN")
-        || name.starts_with("_R")
         || [
             "/crates/",
             "/rustc/",
