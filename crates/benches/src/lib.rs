@@ -93,6 +93,15 @@ impl<'a> Argv<'a> {
     }
 }
 
+/// Reads a harness's saved JSON (`what` names the harness in the error).
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| EvalError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| EvalError::Tool(format!("{}: not a {what} JSON file: {e}", path.display())))
+}
+
 /// Writes `value` as pretty JSON to `path`.
 pub fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value).expect("tables serialise");

@@ -252,21 +252,17 @@ fn in_parallel<T: Send>(n: usize, jobs: Vec<Box<dyn FnOnce() -> Result<T> + Send
 }
 
 fn run(a: Args) -> Result<()> {
-    if let Some(p) = &a.from_json {
-        let saved: Saved = read_json(p, "fastinst-cachesim")?;
-        let shares = a
-            .shares
-            .as_deref()
-            .map(|p| read_json(p, "fastinst-shares"))
-            .transpose()?;
-        print!("{}", render(&saved, shares.as_ref()));
-        return Ok(());
-    }
+    // Read first: a wrong file is reported before minutes of simulation.
     let shares: Option<SharesRun> = a
         .shares
         .as_deref()
-        .map(|p| read_json(p, "fastinst-shares"))
+        .map(|p| fastinst_benches::read_json(p, "fastinst-shares"))
         .transpose()?;
+    if let Some(p) = &a.from_json {
+        let saved: Saved = fastinst_benches::read_json(p, "fastinst-cachesim")?;
+        print!("{}", render(&saved, shares.as_ref()));
+        return Ok(());
+    }
     valgrind_available()?;
     let lib = fastinst_cli::library::find(a.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
     let work = work_dir(&a.work)?;
@@ -388,14 +384,6 @@ fn run(a: Args) -> Result<()> {
         fastinst_benches::write_json(p, &saved)?;
     }
     Ok(())
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(p: &Path, what: &str) -> Result<T> {
-    let text = std::fs::read_to_string(p).map_err(|source| EvalError::Io {
-        path: p.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| EvalError::Tool(format!("{}: not a {what} JSON file: {e}", p.display())))
 }
 
 fn millions(n: u64) -> String {

@@ -171,12 +171,7 @@ fn record(
 
 fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.from_json {
-        let text = std::fs::read_to_string(p).map_err(|source| EvalError::Io {
-            path: p.clone(),
-            source,
-        })?;
-        let saved: Saved = serde_json::from_str(&text)
-            .map_err(|e| EvalError::Tool(format!("{}: not a fastinst-shares JSON file: {e}", p.display())))?;
+        let saved: Saved = fastinst_benches::read_json(p, "fastinst-shares")?;
         print!("{}", render(&saved));
         return Ok(());
     }
