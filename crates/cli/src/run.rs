@@ -24,6 +24,9 @@ options:
   --out DIR         directory for the reports (created; default: .)
   --samples K       profiler: samples per function per window (default 10)
   --epoch-ms MS     profiler: re-activation period (default 10)
+  --inlined         profiler: also sample the copies of functions that
+                    gcc's -finstrument-functions left inlined in others
+                    (off by default: their time is their callers')
   --signal SIG      profiler: USR1, USR2 or a number; write the reports
                     whenever PROGRAM receives it
   --strategy S      flip (default), paper, word-sync, word-async
@@ -81,6 +84,7 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
             }
             Item::Opt("-h" | "--help", _) => return Ok(None),
             Item::Opt("--print", None) => r.print = true,
+            Item::Opt("--inlined", None) => r.env.push(("FASTINST_PROFILE_INLINED", "1".into())),
             Item::Opt(n @ "--tool", i) => {
                 let v = a.value(n, i)?;
                 r.tool = one_of(&a, n, v, &["profile", "count", "off", "none"])?;
@@ -238,6 +242,7 @@ mod tests {
             "SIGUSR2",
             "--strategy",
             "paper",
+            "--inlined",
             "./app",
             "-x",
             "--tool",
@@ -252,6 +257,7 @@ mod tests {
                 ("FASTINST_PROFILE_EPOCH_MS", "2.5".into()),
                 ("FASTINST_PROFILE_SIGNAL", "USR2".into()),
                 ("FASTINST_STRATEGY", "paper".into()),
+                ("FASTINST_PROFILE_INLINED", "1".into()),
             ]
         );
         assert_eq!(r.command, v(&["./app", "-x", "--tool"]));

@@ -351,22 +351,34 @@ fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
 /// are sampled; and no edge or flame-graph step joins two functions that
 /// were not caller and callee (the handler's frame sits on top of the
 /// interrupted one, but the signal frame between them is a gap).
+///
+/// gcc's `-finstrument-functions` build is run twice: by default the hooks
+/// of `now_ns`, which gcc inlines into `spin_us`, are switched off at
+/// discovery and `now_ns` is not in the report; with
+/// `FASTINST_PROFILE_INLINED=1` they are sampled, and the edge names
+/// `spin_us` as the caller (the hooks pass `spin_us`'s return address).
 #[test]
 fn longjmp_and_signal_handlers_pair_without_inventing_paths() {
-    for flag in [FINSTRUMENT, SLED] {
-        jumps(flag);
+    for (flag, inlined) in [(FINSTRUMENT, false), (FINSTRUMENT, true), (SLED, false)] {
+        jumps(flag, inlined);
     }
 }
 
-fn jumps(flag: &str) {
+fn jumps(flag: &str, inlined: bool) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(&format!("jumps{flag}"));
+    let dir = scratch(&format!("jumps{flag}{}", if inlined { "-inlined" } else { "" }));
     let (plain, inst) = (dir.join("plain"), dir.join("inst"));
     build("gcc", &[&src("jumps.c")], &["-O2"], &plain);
     build("gcc", &[&src("jumps.c")], &["-O2", flag], &inst);
     let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
     let out = dir.join("out");
-    let o = profiled(&inst, &[], &dir, &out, &[]);
+    let o = profiled(
+        &inst,
+        &[],
+        &dir,
+        &out,
+        &[("FASTINST_PROFILE_INLINED", if inlined { "1" } else { "0" })],
+    );
     let got = ok_stdout(&o, "profiled");
     assert_eq!(got, want, "the program's output changed under the profiler");
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -404,6 +416,25 @@ fn jumps(flag: &str) {
             r.overhead.unmatched_exits * 20 <= sampled,
             "{} unmatched exits for {sampled} sampled calls of `after`",
             r.overhead.unmatched_exits
+        );
+    }
+    assert_eq!(r.settings.inlined, inlined);
+    let now_ns = r.functions.iter().find(|f| f.name == "now_ns");
+    if flag == FINSTRUMENT && !inlined {
+        assert!(now_ns.is_none(), "now_ns's inlined copies were sampled: {now_ns:?}");
+        assert!(
+            r.overhead.inlined_copies_off >= 2,
+            "{} inlined-copy probes off",
+            r.overhead.inlined_copies_off
+        );
+    } else {
+        assert_eq!(r.overhead.inlined_copies_off, 0);
+    }
+    if flag == FINSTRUMENT && inlined {
+        assert!(now_ns.is_some_and(|f| f.calls_sampled > 0), "now_ns not sampled");
+        assert!(
+            r.edges.iter().any(|e| e.caller == "spin_us" && e.callee == "now_ns"),
+            "no spin_us -> now_ns edge"
         );
     }
     within("after calls", f("after").calls_estimated, 20000.0, 0.10);

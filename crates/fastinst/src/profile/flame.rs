@@ -121,6 +121,7 @@ mod tests {
             settings: SettingsOut {
                 samples_per_window: 10,
                 epoch_ms: 10.0,
+                inlined: false,
             },
             overhead: Overhead::default(),
             functions: Vec::new(),

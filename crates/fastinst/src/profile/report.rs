@@ -15,10 +15,10 @@
 //! path shows a call that did not happen.
 //!
 //! JSON schema `fastinst-profile/2`: `{schema, program, pid, wall_ms,
-//! tsc_mhz, settings: {samples_per_window, epoch_ms}, overhead: {probes,
-//! functions, samples, samples_per_s, toggles, toggles_per_s, handler_ms,
-//! sampler_ms, unmatched_exits, abandoned_frames, too_deep, no_cfa, no_thread,
-//! stacks_merged},
+//! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined}, overhead:
+//! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
+//! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, too_deep,
+//! no_cfa, no_thread, stacks_merged, inlined_copies_off},
 //! functions: [{name, address, calls_sampled, calls_estimated, total_ms,
 //! self_ms, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
@@ -188,6 +188,11 @@ pub struct SettingsOut {
     pub samples_per_window: u32,
     /// Epoch in ms.
     pub epoch_ms: f64,
+    /// Whether copies of functions inlined into others were sampled
+    /// (`FASTINST_PROFILE_INLINED`); false in reports written before the
+    /// setting existed, which did sample them.
+    #[serde(default)]
+    pub inlined: bool,
 }
 
 /// The profiler's own cost and losses.
@@ -226,6 +231,10 @@ pub struct Overhead {
     /// full ([`super::MAX_PATH_NODES`]): kept as `[...];function`.
     #[serde(default)]
     pub stacks_merged: u64,
+    /// Probes of inlined copies left off for the whole run (unless
+    /// [`SettingsOut::inlined`]).
+    #[serde(default)]
+    pub inlined_copies_off: u64,
 }
 
 /// One function.
@@ -441,6 +450,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         settings: SettingsOut {
             samples_per_window: k,
             epoch_ms: p.settings.epoch.as_secs_f64() * 1e3,
+            inlined: p.settings.inlined,
         },
         overhead: Overhead {
             probes: crate::registry::count(),
@@ -457,6 +467,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             no_cfa: c(|c| &c.no_cfa),
             no_thread: c(|c| &c.no_thread),
             stacks_merged: c(|c| &c.stacks_merged),
+            inlined_copies_off: c(|c| &c.inlined_off),
         },
         functions,
         edges: edges_out,
@@ -581,6 +592,13 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         "dropped: {} exits whose entry was not sampled, {} activations left without exit, {} too deep, {} without frame, {} on exiting threads",
         o.unmatched_exits, o.abandoned_frames, o.too_deep, o.no_cfa, o.no_thread
     )?;
+    if o.inlined_copies_off > 0 {
+        writeln!(
+            s,
+            "inlined copies: {} probes in functions' copies inlined into other functions are off; their time is their callers' (FASTINST_PROFILE_INLINED=1 samples them)",
+            o.inlined_copies_off
+        )?;
+    }
     if o.stacks_merged > 0 {
         writeln!(
             s,
