@@ -140,6 +140,23 @@ impl State {
         }
     }
 
+    /// Whether the hook site at `site`, whose `this_fn` is `f`, lies in a
+    /// copy of `f` inlined into another function ([`ProbeMeta::inlined`]):
+    /// the symbol holding it is neither `f` nor a part of `f` (a symbol
+    /// named `f`'s name and a `.` suffix).
+    pub(crate) fn in_inlined_copy(&self, site: u64, f: u64) -> bool {
+        let holder = self.modules.find(site).and_then(|m| m.function(site));
+        let own = self
+            .modules
+            .find(f)
+            .and_then(|m| m.function(f))
+            .filter(|x| x.start == f);
+        match (holder, own) {
+            (Some(holder), Some(own)) => holder.start != f && !is_part_of(&holder.name, &own.name),
+            _ => false,
+        }
+    }
+
     pub(crate) fn name_of(&mut self, f: u64) -> &'static CStr {
         if let Some(n) = self.names.get(&f) {
             return n;
@@ -159,6 +176,13 @@ impl State {
         self.names.insert(f, c);
         c
     }
+}
+
+/// Whether symbol `holder` is a part of function `f` that the compiler
+/// split off or cloned (`f.cold`, `f.part.0`, `f.constprop.0`, `f.isra.0`,
+/// and their combinations): `f`'s name and a `.` suffix.
+fn is_part_of(holder: &str, f: &str) -> bool {
+    !f.is_empty() && holder.strip_prefix(f).is_some_and(|rest| rest.starts_with('.'))
 }
 
 /// Creates the discovery state now (reads every loaded module's symbols),
@@ -312,6 +336,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
             form: site.map(|t| t.form),
             provider: Provider::Finstrument,
             arg_rewritten: false,
+            inlined: site.is_some_and(|t| s.in_inlined_copy(t.addr, this_fn)),
         },
         handler: AtomicUsize::new(0),
         state: AtomicU8::new(ON),
@@ -411,6 +436,24 @@ pub(crate) fn forget_modules(gone: &[Arc<Module>]) {
         }
         for &(start, end, _) in &m.segments {
             wordpatch::forget_pages(start as *const u8, (end - start) as usize);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_part_of;
+
+    #[test]
+    fn clones_and_cold_parts_are_the_functions_own_code() {
+        for holder in ["f.cold", "f.part.0", "f.constprop.0", "f.isra.0.cold", "_ZN1a1fEv.cold"] {
+            let f = holder.split_once('.').unwrap().0;
+            assert!(is_part_of(holder, f), "{holder} is part of {f}");
+        }
+        // Another function whose name merely starts with f's, or the same
+        // name with no suffix (an alias is handled by its address).
+        for (holder, f) in [("fx", "f"), ("f_cold", "f"), ("g.cold", "f"), ("f", "f"), (".cold", "")] {
+            assert!(!is_part_of(holder, f), "{holder} is not part of {f:?}");
         }
     }
 }

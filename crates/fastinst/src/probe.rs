@@ -105,6 +105,14 @@ pub struct ProbeMeta {
     pub provider: Provider,
     /// Whether the load of `this_fn` was rewritten to pass the id.
     pub arg_rewritten: bool,
+    /// Whether the site lies in another function's code: a copy of
+    /// `function` that the compiler inlined there (gcc's
+    /// `-finstrument-functions` keeps the hooks of inlined copies). False
+    /// for the function's own code, which includes its clones
+    /// (`.constprop`, `.isra`, `.part`) and split-off parts (`.cold`),
+    /// whose hooks pass the function's own address too, and false where no
+    /// symbol says.
+    pub inlined: bool,
 }
 
 impl ProbeMeta {

@@ -509,6 +509,44 @@ fn jumps(flag: &str, inlined: bool) {
     }
 }
 
+/// `tests/c/clones.c` at gcc -O3: the hooks of a clone (`scale.constprop.0`)
+/// pass the original function's address from outside its symbol, yet the
+/// clone is the function's own code, not a copy inlined elsewhere: with
+/// inlined copies off (the default) its calls are still sampled, and no
+/// probe is taken for an inlined copy.
+#[test]
+fn a_functions_clones_are_sampled_with_inlined_copies_off() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("clones");
+    let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+    build("gcc", &[&src("clones.c")], &["-O3"], &plain);
+    build("gcc", &[&src("clones.c")], &["-O3", FINSTRUMENT], &inst);
+    let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), "plain");
+    let out = dir.join("out");
+    let o = profiled(&inst, &[], &dir, &out, &[]);
+    assert_eq!(
+        ok_stdout(&o, "profiled"),
+        want,
+        "the program's output changed under the profiler"
+    );
+    let r = report(&out);
+    println!("{}", fastinst::profile::report::render_text(&r));
+    assert!(!r.settings.inlined);
+    assert_eq!(
+        r.overhead.inlined_copies_off, 0,
+        "a clone's probes were taken for inlined copies"
+    );
+    let scale = r.functions.iter().find(|f| f.name == "scale").expect("scale sampled");
+    // 30,000 calls through the clone (~9 us each) and one of scale itself.
+    assert!(
+        scale.calls_sampled >= 10,
+        "{} sampled calls of scale",
+        scale.calls_sampled
+    );
+    within("scale calls", scale.calls_estimated, 30_001.0, 0.25);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A function whose quota filled just before the fork has its entry probe
 /// off in the child too; the child re-arms it at once, so the child's
 /// report samples and counts the child's own calls of it (before, it was

@@ -11,8 +11,9 @@
 //! (`crate::sled::follow_entry`) and stays on: it sees the returns of the
 //! calls sampled while the entry probe was on, and no others.
 //! Copies of a function that gcc's `-finstrument-functions` left inlined in
-//! other functions (hooks outside the function's own code) are switched off
-//! at discovery and never sampled unless `FASTINST_PROFILE_INLINED=1`; see
+//! other functions (hooks in another function's code, not in the function's
+//! clones or `.cold` parts: [`ProbeMeta::inlined`]) are switched off at
+//! discovery and never sampled unless `FASTINST_PROFILE_INLINED=1`; see
 //! [`Settings::inlined`] for why.
 //! A sampler thread re-activates exhausted functions every epoch
 //! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
@@ -610,7 +611,7 @@ fn discovered(m: &ProbeMeta) {
         }
     };
     let f = p.funcs.get(fi).expect("just pushed");
-    if !p.settings.inlined && inlined_copy(f, m.site) {
+    if !p.settings.inlined && m.inlined {
         // Off for good: never on the function's probe list, so never
         // re-armed. Off at once too: a discovered probe left on would run
         // the hook, with no handler, on every call.
@@ -633,13 +634,6 @@ fn discovered(m: &ProbeMeta) {
     if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
         crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
     }
-}
-
-/// Whether a hook at `site` belongs to a copy of `f` inlined into another
-/// function ([`Settings::inlined`]). Only when `f`'s extent is known:
-/// without a symbol size every site counts as `f`'s own.
-fn inlined_copy(f: &Func, site: usize) -> bool {
-    f.end.load(Ordering::Relaxed) != usize::MAX && f.is_inlined_site(site) == Some(true)
 }
 
 /// One past the last byte of the function at `f`, from the extent

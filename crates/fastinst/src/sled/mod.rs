@@ -258,6 +258,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                     form: Some(SiteForm::Sled),
                     provider: Provider::Patchable,
                     arg_rewritten: false,
+                    inlined: false,
                 },
                 handler: AtomicUsize::new(0),
                 state: AtomicU8::new(0),
