@@ -544,6 +544,22 @@ fn a_functions_clones_are_sampled_with_inlined_copies_off() {
         scale.calls_sampled
     );
     within("scale calls", scale.calls_estimated, 30_001.0, 0.25);
+    // The clone is called from check: its return address names the
+    // caller, not the clone's own symbol (which never called scale).
+    assert!(
+        r.edges.iter().any(|e| e.caller == "check" && e.callee == "scale"),
+        "no check -> scale edge"
+    );
+    for e in &r.edges {
+        assert!(!e.caller.contains(".constprop"), "edge {} -> {}", e.caller, e.callee);
+    }
+    for st in &r.stacks {
+        assert!(
+            !st.frames.iter().any(|f| f.contains(".constprop")),
+            "stack {:?}",
+            st.frames
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -313,17 +313,20 @@ fn func_of(p: &'static Profiler, id: ProbeId) -> Option<(&'static Func, u32)> {
 
 /// Where an activation of `f` entered through probe `id` was called from:
 /// the return address, unless the probe is a copy of `f` inlined into
-/// another function, whose hooks pass *that* function's return address;
-/// then the hook site itself, which lies in the function it was inlined
-/// into (so `spin_us -> now_ns`, not `after -> now_ns`).
-/// 0 while `f`'s extent is unknown (`Frame::from`).
+/// another function ([`ProbeMeta::inlined`]), whose hooks pass *that*
+/// function's return address; then the hook site itself, which lies in
+/// the function it was inlined into (so `spin_us -> now_ns`, not `after ->
+/// now_ns`). A clone of `f` (`f.constprop.0`) also lies outside `f`'s
+/// extent but is called as `f` is: its return address names the caller
+/// (`check -> scale`, not `scale.constprop.0 -> scale`, a call that never
+/// happened). 0 while `f`'s extent is unknown (`Frame::from`).
 #[inline]
 fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
-    let site = registry::get(id).map_or(0, |probe| probe.meta.site);
-    match f.is_inlined_site(site) {
-        Some(true) => site as u64,
-        Some(false) => ret,
+    let Some(probe) = registry::get(id) else { return 0 };
+    match f.is_inlined_site(probe.meta.site) {
         None => 0,
+        Some(true) if probe.meta.inlined => probe.meta.site as u64,
+        Some(_) => ret,
     }
 }
 
