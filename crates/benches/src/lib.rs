@@ -93,6 +93,50 @@ impl<'a> Argv<'a> {
     }
 }
 
+/// The options the Table 3 harnesses (`fastinst-table3`, `fastinst-shares`,
+/// `fastinst-cachesim`) share: which programs and builds, where to build,
+/// which library, where to save the JSON.
+pub struct CommonArgs {
+    /// `--programs` (default: all).
+    pub programs: Vec<programs::Program>,
+    /// `--compilers` (default: all builds).
+    pub compilers: Vec<programs::Compiler>,
+    /// `--work`: builds and scratch.
+    pub work: std::path::PathBuf,
+    /// `--lib`: the library to preload.
+    pub lib: Option<std::path::PathBuf>,
+    /// `--json`: also write the results here.
+    pub json: Option<std::path::PathBuf>,
+}
+
+impl Default for CommonArgs {
+    fn default() -> Self {
+        CommonArgs {
+            programs: programs::PROGRAMS.to_vec(),
+            compilers: programs::Compiler::ALL.to_vec(),
+            work: "target/fastinst-eval".into(),
+            lib: None,
+            json: None,
+        }
+    }
+}
+
+impl CommonArgs {
+    /// Takes option `opt`, and its value from `argv`, if it is one of these;
+    /// false if it is not.
+    pub fn take(&mut self, opt: &str, argv: &mut Argv<'_>) -> Result<bool> {
+        match opt {
+            "--programs" => self.programs = programs::programs_named(&argv.value(opt)?, opt)?,
+            "--compilers" => self.compilers = programs::compilers_named(&argv.value(opt)?, opt)?,
+            "--work" => self.work = argv.value(opt)?.into(),
+            "--lib" => self.lib = Some(argv.value(opt)?.into()),
+            "--json" => self.json = Some(argv.value(opt)?.into()),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
 /// Reads a harness's saved JSON (`what` names the harness in the error).
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path, what: &str) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|source| EvalError::Io {
@@ -165,5 +209,32 @@ mod tests {
         assert_eq!(a.next_opt(), Some("--work"));
         assert_eq!(a.value("--work").unwrap_err().to_string(), "--work needs a value");
         assert_eq!(a.next_opt(), None);
+    }
+
+    #[test]
+    fn common_args_take_their_own_options_and_leave_the_rest() {
+        let v: Vec<String> = [
+            "--programs",
+            "sqlite",
+            "--runs",
+            "3",
+            "--lib",
+            "x.so",
+            "--compilers",
+            "fortran",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut a = Argv::new(&v);
+        let mut c = CommonArgs::default();
+        assert!(c.take(a.next_opt().unwrap(), &mut a).unwrap());
+        assert_eq!(c.programs, vec![programs::Program::Sqlite]);
+        assert!(!c.take(a.next_opt().unwrap(), &mut a).unwrap());
+        assert_eq!(a.number("--runs").unwrap(), 3);
+        assert!(c.take(a.next_opt().unwrap(), &mut a).unwrap());
+        assert_eq!(c.lib.as_deref(), Some(std::path::Path::new("x.so")));
+        assert!(c.take(a.next_opt().unwrap(), &mut a).is_err());
+        assert_eq!(c.work, std::path::PathBuf::from("target/fastinst-eval"));
     }
 }

@@ -4,12 +4,10 @@
 
 use fastinst_benches::cachesim::{self, Counts, Sides};
 use fastinst_benches::measure::{geomean, run_once};
-use fastinst_benches::programs::{
-    build_all, compilers_named, installed, programs_named, work_dir, Binary, Compiler, Program, PROGRAMS,
-};
+use fastinst_benches::programs::{build_all, installed, work_dir, Binary, Compiler, Program};
 use fastinst_benches::shares::Saved as SharesRun;
 use fastinst_benches::table3::Config;
-use fastinst_benches::{sources, Argv, EvalError, Result};
+use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -46,41 +44,29 @@ options:
 ";
 
 struct Args {
-    programs: Vec<Program>,
-    compilers: Vec<Compiler>,
+    common: CommonArgs,
     jobs: usize,
     native_runs: usize,
-    work: PathBuf,
-    lib: Option<PathBuf>,
     shares: Option<PathBuf>,
-    json: Option<PathBuf>,
     from_json: Option<PathBuf>,
 }
 
 fn parse(argv: &[String]) -> Result<Option<Args>> {
     let mut a = Args {
-        programs: PROGRAMS.to_vec(),
-        compilers: Compiler::ALL.to_vec(),
+        common: CommonArgs::default(),
         jobs: std::thread::available_parallelism().map_or(2, |n| n.get()),
         native_runs: 3,
-        work: PathBuf::from("target/fastinst-eval"),
-        lib: None,
         shares: None,
-        json: None,
         from_json: None,
     };
     let mut argv = Argv::new(argv);
     while let Some(opt) = argv.next_opt() {
         match opt {
             "-h" | "--help" => return Ok(None),
-            "--programs" => a.programs = programs_named(&argv.value(opt)?, opt)?,
-            "--compilers" => a.compilers = compilers_named(&argv.value(opt)?, opt)?,
+            opt if a.common.take(opt, &mut argv)? => {}
             "--jobs" => a.jobs = argv.number(opt)?.max(1),
             "--native-runs" => a.native_runs = argv.number(opt)?.max(1),
-            "--work" => a.work = argv.value(opt)?.into(),
-            "--lib" => a.lib = Some(argv.value(opt)?.into()),
             "--shares" => a.shares = Some(argv.value(opt)?.into()),
-            "--json" => a.json = Some(argv.value(opt)?.into()),
             "--from-json" => a.from_json = Some(argv.value(opt)?.into()),
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
@@ -264,11 +250,11 @@ fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     valgrind_available()?;
-    let lib = fastinst_cli::library::find(a.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
-    let work = work_dir(&a.work)?;
-    let compilers = installed(&a.compilers, "its builds are left out");
+    let lib = fastinst_cli::library::find(a.common.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
+    let work = work_dir(&a.common.work)?;
+    let compilers = installed(&a.common.compilers, "its builds are left out");
     let srcs = sources::fetch(&work)?;
-    let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
+    let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
     let bin = |p: Program, c: Compiler, inst: bool| -> &Binary {
         bins.iter()
             .find(|b| b.program == p && b.compiler == c && b.instrumented == inst)
@@ -285,7 +271,7 @@ fn run(a: Args) -> Result<()> {
     // profiled run's sample count.
     let mut native = Vec::new();
     let mut native_samples = Vec::new();
-    for &p in &a.programs {
+    for &p in &a.common.programs {
         let args = p.workload(&work)?;
         for &c in &compilers {
             let plain = &bin(p, c, false).path;
@@ -328,7 +314,7 @@ fn run(a: Args) -> Result<()> {
     // Every build's floor and profiled runs.
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<Simulated> + Send + '_>> = Vec::new();
     let mut subjects = Vec::new();
-    for &p in &a.programs {
+    for &p in &a.common.programs {
         let args = p.workload(&work)?;
         for &c in &compilers {
             let (slowdown, _) = slowdown_of(&bin(p, c, false).path);
@@ -380,7 +366,7 @@ fn run(a: Args) -> Result<()> {
         rows,
     };
     print!("{}", render(&saved, shares.as_ref()));
-    if let Some(p) = &a.json {
+    if let Some(p) = &a.common.json {
         fastinst_benches::write_json(p, &saved)?;
     }
     Ok(())

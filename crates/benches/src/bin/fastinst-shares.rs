@@ -3,12 +3,10 @@
 //! `fastinst_benches::shares`).
 
 use fastinst_benches::measure::geomean;
-use fastinst_benches::programs::{
-    build_all, compilers_named, installed, named, programs_named, work_dir, Compiler, Program, PROGRAMS,
-};
+use fastinst_benches::programs::{build_all, installed, named, work_dir};
 use fastinst_benches::shares::{Objects, Saved, SavedRow, Shares, PHASES};
 use fastinst_benches::table3::Config;
-use fastinst_benches::{sources, Argv, EvalError, Result};
+use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -39,13 +37,9 @@ options:
 
 struct Args {
     runs: usize,
-    programs: Vec<Program>,
-    compilers: Vec<Compiler>,
+    common: CommonArgs,
     configs: Vec<Config>,
     freq: u32,
-    work: PathBuf,
-    lib: Option<PathBuf>,
-    json: Option<PathBuf>,
     from_json: Option<PathBuf>,
 }
 
@@ -55,13 +49,9 @@ const RECORDED: [Config; 3] = [Config::Plain, Config::Floor, Config::Profile];
 fn parse(argv: &[String]) -> Result<Option<Args>> {
     let mut a = Args {
         runs: 5,
-        programs: PROGRAMS.to_vec(),
-        compilers: Compiler::ALL.to_vec(),
+        common: CommonArgs::default(),
         configs: RECORDED.to_vec(),
         freq: 4000,
-        work: PathBuf::from("target/fastinst-eval"),
-        lib: None,
-        json: None,
         from_json: None,
     };
     let mut argv = Argv::new(argv);
@@ -70,12 +60,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "-h" | "--help" => return Ok(None),
             "--runs" => a.runs = argv.number(opt)?.max(1),
             "--freq" => a.freq = argv.number(opt)?.clamp(100, 50_000) as u32,
-            "--work" => a.work = argv.value(opt)?.into(),
-            "--lib" => a.lib = Some(argv.value(opt)?.into()),
-            "--json" => a.json = Some(argv.value(opt)?.into()),
             "--from-json" => a.from_json = Some(argv.value(opt)?.into()),
-            "--programs" => a.programs = programs_named(&argv.value(opt)?, opt)?,
-            "--compilers" => a.compilers = compilers_named(&argv.value(opt)?, opt)?,
+            opt if a.common.take(opt, &mut argv)? => {}
             "--configs" => a.configs = named(&argv.value(opt)?, opt, &RECORDED, Config::name)?,
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
@@ -176,8 +162,8 @@ fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     perf_available()?;
-    let work = work_dir(&a.work)?;
-    let lib = match &a.lib {
+    let work = work_dir(&a.common.work)?;
+    let lib = match &a.common.lib {
         Some(l) => l.clone(),
         None => frame_pointer_library(&work)?,
     };
@@ -185,11 +171,11 @@ fn run(a: Args) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .ok_or_else(|| EvalError::Usage(format!("--lib {}: not a file", lib.display())))?;
-    let compilers = installed(&a.compilers, "its builds are left out");
+    let compilers = installed(&a.common.compilers, "its builds are left out");
     let srcs = sources::fetch(&work)?;
-    let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
+    let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
     let mut rows = Vec::new();
-    for &p in &a.programs {
+    for &p in &a.common.programs {
         let args = p.workload(&work)?;
         for &c in &compilers {
             for &config in &a.configs {
@@ -254,7 +240,7 @@ fn run(a: Args) -> Result<()> {
         rows,
     };
     print!("{}", render(&saved));
-    if let Some(p) = &a.json {
+    if let Some(p) = &a.common.json {
         fastinst_benches::write_json(p, &saved)?;
     }
     Ok(())

@@ -1,12 +1,9 @@
 //! `fastinst-table3`: the latency profiler on real programs (the paper's
 //! Table 3) on this machine. See the `fastinst_benches` crate.
 
-use fastinst_benches::programs::{
-    build_all, compilers_named, installed, programs_named, work_dir, Compiler, Program, PROGRAMS,
-};
+use fastinst_benches::programs::{build_all, installed, work_dir};
 use fastinst_benches::table3::{measure_row, render_markdown, Options};
-use fastinst_benches::{sources, Argv, EvalError, Result};
-use std::path::PathBuf;
+use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
@@ -35,24 +32,16 @@ options:
 struct Args {
     rounds: usize,
     all_on_rounds: usize,
-    programs: Vec<Program>,
-    compilers: Vec<Compiler>,
+    common: CommonArgs,
     repeat: usize,
-    work: PathBuf,
-    lib: Option<PathBuf>,
-    json: Option<PathBuf>,
 }
 
 fn parse(argv: &[String]) -> Result<Option<Args>> {
     let mut a = Args {
         rounds: 7,
         all_on_rounds: 1,
-        programs: PROGRAMS.to_vec(),
-        compilers: Compiler::ALL.to_vec(),
+        common: CommonArgs::default(),
         repeat: 1,
-        work: PathBuf::from("target/fastinst-eval"),
-        lib: None,
-        json: None,
     };
     let mut argv = Argv::new(argv);
     while let Some(opt) = argv.next_opt() {
@@ -62,11 +51,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "--rounds" => a.rounds = argv.number(opt)?.max(1),
             "--all-on-rounds" => a.all_on_rounds = argv.number(opt)?,
             "--repeat" => a.repeat = argv.number(opt)?.max(1),
-            "--work" => a.work = argv.value(opt)?.into(),
-            "--lib" => a.lib = Some(argv.value(opt)?.into()),
-            "--json" => a.json = Some(argv.value(opt)?.into()),
-            "--programs" => a.programs = programs_named(&argv.value(opt)?, opt)?,
-            "--compilers" => a.compilers = compilers_named(&argv.value(opt)?, opt)?,
+            opt if a.common.take(opt, &mut argv)? => {}
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
     }
@@ -75,11 +60,11 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
 }
 
 fn run(a: Args) -> Result<()> {
-    let lib = fastinst_cli::library::find(a.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
-    let work = work_dir(&a.work)?;
-    let compilers = installed(&a.compilers, "its builds are left out");
+    let lib = fastinst_cli::library::find(a.common.lib.as_deref()).map_err(|e| EvalError::Tool(e.to_string()))?;
+    let work = work_dir(&a.common.work)?;
+    let compilers = installed(&a.common.compilers, "its builds are left out");
     let srcs = sources::fetch(&work)?;
-    let bins = build_all(&work, &srcs, &a.programs, &compilers)?;
+    let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
     let opts = Options {
         rounds: a.rounds,
         all_on_rounds: a.all_on_rounds,
@@ -87,7 +72,7 @@ fn run(a: Args) -> Result<()> {
         lib,
     };
     let mut rows = Vec::new();
-    for &p in &a.programs {
+    for &p in &a.common.programs {
         let args = p.workload_repeated(&work, a.repeat)?;
         for &c in &compilers {
             let find = |inst: bool| {
@@ -104,8 +89,8 @@ fn run(a: Args) -> Result<()> {
         a.all_on_rounds,
         fastinst_benches::provenance("fastinst-table3")
     );
-    print!("{}", render_markdown(&rows, &a.programs, &header));
-    if let Some(p) = &a.json {
+    print!("{}", render_markdown(&rows, &a.common.programs, &header));
+    if let Some(p) = &a.common.json {
         fastinst_benches::write_json(p, &rows)?;
     }
     Ok(())
