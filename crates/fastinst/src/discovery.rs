@@ -56,6 +56,10 @@ pub(crate) struct State {
     checkpoints: HashMap<u64, Checkpoints>,
     /// Executable segments made writable in one call, by start.
     writable: HashSet<u64>,
+    /// Return addresses of exit hook calls that could not be recognised,
+    /// mapped to their function's tail probe ([`key::ret`]); forgotten with
+    /// their module.
+    unrecognised_rets: Vec<u64>,
 }
 
 pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -85,6 +89,7 @@ impl State {
             sled_modules: Default::default(),
             checkpoints: HashMap::new(),
             writable: HashSet::new(),
+            unrecognised_rets: Vec::new(),
         }
     }
 
@@ -97,6 +102,12 @@ impl State {
         self.checkpoints.retain(|&f, _| !in_gone(f));
         self.names.retain(|&f, _| !in_gone(f));
         self.writable.retain(|&a| !in_gone(a));
+        self.unrecognised_rets.retain(|&a| {
+            if in_gone(a) {
+                sitetable::remove(key::ret(a));
+            }
+            !in_gone(a)
+        });
         gone
     }
 
@@ -210,8 +221,16 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 /// `tail` is the function's tail-exit probe when the caller found one but
 /// judged that the call came from another site (`hooks::undiscovered_call`):
 /// the call is then looked up by its return address only, and if it turns
-/// out to come from no new site, `tail` is its probe.
-pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64, tail: Option<ProbeId>) -> Option<ProbeId> {
+/// out to come from no new site, `tail` is its probe. `call_site` is the
+/// hook's second argument: a call whose return address is not it came
+/// from a `call` of the hook, never from a tail jump.
+pub(crate) fn discover(
+    kind: HookKind,
+    this_fn: u64,
+    ret: u64,
+    call_site: u64,
+    tail: Option<ProbeId>,
+) -> Option<ProbeId> {
     with_state(|s| {
         sitetable::prepare(ret);
         sitetable::prepare(this_fn);
@@ -228,14 +247,21 @@ pub(crate) fn discover(kind: HookKind, this_fn: u64, ret: u64, tail: Option<Prob
             s.rescan();
         }
         let t0 = wordpatch::tsc::now();
-        let r = discover_locked(s, kind, this_fn, ret, tail);
+        let r = discover_locked(s, kind, this_fn, ret, call_site, tail);
         stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
         bump(&stats::DISCOVERIES);
         r
     })
 }
 
-fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64, tail: Option<ProbeId>) -> Option<ProbeId> {
+fn discover_locked(
+    s: &mut State,
+    kind: HookKind,
+    this_fn: u64,
+    ret: u64,
+    call_site: u64,
+    tail: Option<ProbeId>,
+) -> Option<ProbeId> {
     let hooks = hooks();
     let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
     match site {
@@ -272,9 +298,24 @@ fn discover_locked(s: &mut State, kind: HookKind, this_fn: u64, ret: u64, tail: 
                         return Some(id);
                     }
                 }
-                if tail.is_some() {
-                    // No new site: a thread that fetched the tail jump just
-                    // before it was switched off. It stays the tail's call.
+                if let Some(id) = tail {
+                    if ret != call_site {
+                        // A `call` of the hook that cannot be recognised
+                        // (so never switched): its return address is
+                        // mapped to the tail probe, whose function's exit it
+                        // is, so that its next calls do not come back here.
+                        // Only such a call: a tail jump's return address
+                        // lies in the function's caller, where another
+                        // function's tail jump may return to it as well.
+                        bump(&stats::UNRECOGNISED);
+                        crate::log::info(format_args!(
+                            "unrecognised exit hook site (this_fn {this_fn:#x}, return address {ret:#x}): {why:?}; it stays on"
+                        ));
+                        sitetable::insert(key::ret(ret), id);
+                        s.unrecognised_rets.push(ret);
+                    }
+                    // Else a thread that fetched the tail jump just before
+                    // it was switched off. It stays the tail's call.
                     return tail;
                 }
             }

@@ -210,7 +210,8 @@ fn c_api_program_every_strategy() {
 
 /// A function's own tail-jump exit is keyed by the function; the exits of
 /// its copies inlined elsewhere are `call`s that must still be discovered
-/// (and switched off) on their own, not taken for the tail site's calls.
+/// (and switched off) on their own, not taken for the tail site's calls,
+/// whether the tail site is off or on.
 #[test]
 fn inlined_copies_of_a_tail_exit_function_are_discovered_and_switched_off() {
     let dir = scratch("tail-inlined");
@@ -236,6 +237,12 @@ fn inlined_copies_of_a_tail_exit_function_are_discovered_and_switched_off() {
         let out = ok_stdout(&o, &format!("tail_inlined {strategy}"));
         println!("{strategy}: {}", out.trim());
     }
+    // With every probe on, the copies' exits are still their own probes,
+    // not the tail probe's (they return inside `twice`, a tail jump to
+    // `relv`'s caller).
+    let o = run(&bin, &["100000", "on"], &dir, false, &[("FASTINST_TOOL", "none")]);
+    let out = ok_stdout(&o, "tail_inlined on");
+    println!("on: {}", out.trim());
 }
 
 #[test]
