@@ -21,10 +21,35 @@ pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
 pub(crate) const ON: u8 = 0x80;
 
 /// One probe: immutable metadata plus the atomics the runtime toggles.
+///
+/// Laid out by hand (`repr(C)`, line-aligned) so that what a hook call and
+/// a sampled call's handlers read, the metadata, the handler and the tool's
+/// word, is the record's first cache line; the call site's view and the
+/// toggle's state and lock, which only a switch needs, follow. Left to the
+/// compiler, the handler and the site's address fell on two different
+/// lines, each a miss on a probe the program last ran milliseconds ago.
+#[repr(C, align(64))]
 pub struct Probe {
     pub(crate) meta: ProbeMeta,
     /// The handler (`Handler` as usize), 0 when none.
     pub(crate) handler: AtomicUsize,
+    /// A word for the built-in tools (the profiler's function index, the
+    /// `count` tool's counter).
+    pub(crate) tool: AtomicU64,
+    /// The callpatch view of the site (None when unrecognised, and for
+    /// sled probes, whose site is `sled`).
+    pub(crate) site: Option<CallSite>,
+    /// The function's sled, shared by its entry and exit probe
+    /// (`-fpatchable-function-entry` probes only).
+    pub(crate) sled: Option<&'static crate::sled::Sled>,
+    /// Address of the `this_fn` load rewritten to pass the id (0 if none).
+    pub(crate) rewrite_at: AtomicU64,
+    /// Hook calls that reached this probe while it was inactive (the call
+    /// that discovered it, calls in flight while it was switched off, and
+    /// every call of an unrecognised site, which is never patched).
+    pub(crate) inactive_hits: AtomicU64,
+    /// Index of the module it lives in.
+    pub(crate) module: u32,
     /// [`ON`] when the site's code calls the hook; otherwise the strategy
     /// that switched it off in the low bits.
     pub(crate) state: AtomicU8,
@@ -32,23 +57,11 @@ pub struct Probe {
     pub(crate) lock: AtomicBool,
     /// Set once its library has been unloaded: never touched again.
     pub(crate) unloaded: AtomicBool,
-    /// Address of the `this_fn` load rewritten to pass the id (0 if none).
-    pub(crate) rewrite_at: AtomicU64,
-    /// Index of the module it lives in.
-    pub(crate) module: u32,
-    /// The callpatch view of the site (None when unrecognised, and for
-    /// sled probes, whose site is `sled`).
-    pub(crate) site: Option<CallSite>,
-    /// The function's sled, shared by its entry and exit probe
-    /// (`-fpatchable-function-entry` probes only).
-    pub(crate) sled: Option<&'static crate::sled::Sled>,
-    /// A word for the built-in tools (the `count` tool's counter).
-    pub(crate) tool: AtomicU64,
-    /// Hook calls that reached this probe while it was inactive (the call
-    /// that discovered it, calls in flight while it was switched off, and
-    /// every call of an unrecognised site, which is never patched).
-    pub(crate) inactive_hits: AtomicU64,
 }
+
+// The hot part is the first line.
+const _: () = assert!(std::mem::offset_of!(Probe, tool) + 8 <= 64);
+const _: () = assert!(std::mem::size_of::<Probe>() == 192);
 
 impl Probe {
     /// Its metadata.
@@ -86,6 +99,13 @@ pub fn get(id: ProbeId) -> Option<&'static Probe> {
 /// [`crate::prefetch`]).
 pub(crate) fn prefetch_for_toggle(id: ProbeId) {
     PROBES.prefetch_for_write(id);
+}
+
+/// Starts loading the first line of probe `id`'s record, all that a hook
+/// call reads of it before its handler (see [`Probe`]).
+#[inline(always)]
+pub(crate) fn prefetch_hot(id: ProbeId) {
+    PROBES.prefetch(id);
 }
 
 /// Starts loading what switching probe `id` on writes besides its record

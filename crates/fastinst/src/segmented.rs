@@ -65,6 +65,19 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
         }
     }
 
+    /// Starts loading the first line of entry `i`, without waiting for it.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, i: u32) {
+        let Some(seg) = self.segs.get((i >> SEG_BITS) as usize) else {
+            return;
+        };
+        let seg = seg.load(Ordering::Acquire);
+        if !seg.is_null() {
+            // `wrapping_add`: the address is only hinted, never read here.
+            crate::prefetch::line(seg.wrapping_add(i as usize & (SEG - 1)));
+        }
+    }
+
     /// Starts loading entry `i`'s lines for writing, without waiting for
     /// any of them.
     #[inline(always)]

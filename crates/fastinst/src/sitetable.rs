@@ -125,6 +125,20 @@ pub(crate) fn prepare(addr: u64) {
     }
 }
 
+/// The slot where a look-up of `k` starts.
+#[inline(always)]
+pub(crate) fn slot_of(k: u64) -> u32 {
+    slot(k) as u32
+}
+
+/// Starts loading slot `i`'s line (see [`slot_of`]).
+#[inline(always)]
+pub(crate) fn prefetch_slot(i: u32) {
+    if let Some(s) = TABLE.slots.get(i as usize) {
+        crate::prefetch::line(s);
+    }
+}
+
 /// The value under `k`. Lock-free.
 #[inline(always)]
 pub fn get(k: u64) -> Option<u32> {

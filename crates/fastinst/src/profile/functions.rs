@@ -53,7 +53,7 @@
 //! correction: another thread's handlers do not slow this one, and those
 //! arrivals look Poisson, for which the offset reads high.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Exits per window that may match no sampled call before an exhausted
 /// function's exit probes go off even though a sampled call is still in
@@ -67,6 +67,15 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, 
 /// misattributed. (Sled functions' exit probes follow their entry probes
 /// and see only sampled calls: they need no budget and stay on.)
 pub const EXIT_BUDGET: u32 = 64;
+
+// What a sample reads and writes is the first line.
+const _: () = assert!(std::mem::offset_of!(Func, exits_follow_entry) < 64);
+
+/// [`Func::hint_exit`]'s flag for a tail-jump exit.
+pub(crate) const TAIL_HINT: u32 = 1 << 30;
+/// Set in every hint, so that slot 0 is a hint too.
+const EXIT_HINT: u32 = 1 << 31;
+const _: () = assert!(crate::sitetable::CAPACITY <= TAIL_HINT as usize);
 
 /// What a filled window's rate subtracts from its K calls, measured over
 /// `t_k - t_0` (see the module doc, "Why K - 0.8").
@@ -83,12 +92,12 @@ pub(crate) struct Func {
     pub addr: usize,
     /// End of the function's code, 0 until resolved from its symbol.
     pub end: AtomicUsize,
-    /// Sampled calls entered and not yet exited.
-    pub outstanding: AtomicI64,
     /// When the current window began (TSC).
     pub window_start: AtomicU64,
     /// When the quota filled (TSC).
     pub t_k: AtomicU64,
+    /// Sampled calls entered and not yet exited.
+    pub outstanding: AtomicI32,
     /// Calls counted in the current window.
     pub count: AtomicU32,
     /// Bumped each time one of the function's exit probes is switched off
@@ -100,6 +109,13 @@ pub(crate) struct Func {
     pub unmatched: AtomicU32,
     /// The next function on the [`Exhausted`] list, plus one (0: none).
     next_exhausted: AtomicU32,
+    /// One of its exit probes, for [`Func::prefetch_exit`] (0 with no
+    /// hint: see `exit_slot`).
+    exit_probe: AtomicU32,
+    /// The site-table slot where that probe's hook call finds it, with
+    /// [`TAIL_HINT`] for a tail-jump exit (found by the function, after a
+    /// look for its caller's return address); 0: no hint.
+    exit_slot: AtomicU32,
     /// The quota filled and the entry probe is off until the next epoch.
     pub exhausted: AtomicBool,
     /// Its exit probe follows its entry probe (a sled function: see
@@ -130,13 +146,15 @@ impl Func {
         Func {
             addr,
             end: AtomicUsize::new(0),
-            outstanding: AtomicI64::new(0),
+            outstanding: AtomicI32::new(0),
             window_start: AtomicU64::new(now),
             t_k: AtomicU64::new(0),
             count: AtomicU32::new(0),
             exit_gen: AtomicU32::new(0),
             unmatched: AtomicU32::new(0),
             next_exhausted: AtomicU32::new(0),
+            exit_probe: AtomicU32::new(0),
+            exit_slot: AtomicU32::new(0),
             exhausted: AtomicBool::new(false),
             exits_follow_entry: AtomicBool::new(false),
             name,
@@ -237,6 +255,39 @@ impl Func {
         self.outstanding.store(0, Ordering::Relaxed);
         self.open_window(now);
         exhausted
+    }
+
+    /// Notes exit probe `id`, found by its hook call at site-table slot
+    /// `slot` (with [`TAIL_HINT`] for a tail jump), for
+    /// [`prefetch_exit`](Self::prefetch_exit). The first exit probe the
+    /// function has keeps it: most have one.
+    pub(crate) fn hint_exit(&self, id: u32, slot: u32) {
+        if self.exit_slot.load(Ordering::Relaxed) == 0 {
+            self.exit_probe.store(id, Ordering::Relaxed);
+            self.exit_slot.store(slot | EXIT_HINT, Ordering::Release);
+        }
+    }
+
+    /// Starts loading what the exit of a sampled call just entered, from
+    /// `caller` (its return address), will read first: its hook's
+    /// site-table slot (and, for a tail jump, the slot of `caller`, which it
+    /// looks at first) and the exit probe's record.
+    ///
+    /// Most sampled calls return within a few microseconds, before the
+    /// program evicts those lines again; left to the exit hook, they were a
+    /// miss after a miss before its handler could start (the probe's id,
+    /// then its record).
+    #[inline(always)]
+    pub(crate) fn prefetch_exit(&self, caller: u64) {
+        let slot = self.exit_slot.load(Ordering::Acquire);
+        if slot == 0 {
+            return;
+        }
+        crate::registry::prefetch_hot(self.exit_probe.load(Ordering::Relaxed));
+        crate::sitetable::prefetch_slot(slot & !(EXIT_HINT | TAIL_HINT));
+        if slot & TAIL_HINT != 0 {
+            crate::sitetable::prefetch_slot(crate::sitetable::slot_of(crate::sitetable::key::ret(caller)));
+        }
     }
 
     /// Whether a hook site at `site` belongs to a copy of this function

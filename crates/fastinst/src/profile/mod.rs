@@ -30,6 +30,7 @@ mod hist;
 mod local;
 mod paths;
 pub mod report;
+mod table;
 #[cfg(test)]
 mod test_rng;
 mod thread;
@@ -185,7 +186,6 @@ pub(crate) struct Counters {
     pub too_deep: AtomicU64,
     pub no_cfa: AtomicU64,
     pub no_thread: AtomicU64,
-    pub stacks_merged: AtomicU64,
     pub inlined_off: AtomicU64,
 }
 
@@ -198,7 +198,7 @@ impl Counters {
         c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    fn all(&self) -> [&AtomicU64; 10] {
+    fn all(&self) -> [&AtomicU64; 9] {
         [
             &self.samples,
             &self.toggles,
@@ -208,7 +208,6 @@ impl Counters {
             &self.too_deep,
             &self.no_cfa,
             &self.no_thread,
-            &self.stacks_merged,
             &self.inlined_off,
         ]
     }
@@ -245,7 +244,7 @@ pub(crate) struct Profiler {
     by_addr: Mutex<HashMap<usize, u32>>,
     exhausted: Exhausted,
     /// Moves whenever a live frame's call path may have changed; see
-    /// [`Shadow::path_node`] and [`paths_may_change`].
+    /// [`Shadow::path_end`] and [`paths_may_change`].
     path_epoch: AtomicU32,
     pub threads: Mutex<Vec<Arc<ThreadStore>>>,
     pub counters: Counters,
@@ -496,6 +495,7 @@ extern "C" fn on_entry(id: ProbeId) {
             node_epoch: 0,
             open: false,
         });
+        f.prefetch_exit(ctx.call_site as u64);
         Counters::add_own(&store.counts.handler_ticks, t0 - t_in);
     });
     if pushed.is_none() {
@@ -565,17 +565,11 @@ extern "C" fn on_exit(id: ProbeId) {
             }
         }
         let self_ticks = dur.saturating_sub(done.child);
-        // Read before any frame's watch stamp (see `Shadow::path_node`).
+        // Read before any frame's watch stamp (see `Shadow::path_end`).
         let epoch = p.path_epoch.load(Ordering::SeqCst);
         let mut agg = store.agg.lock();
-        let node = match sh.path_node(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i))) {
-            Some(node) => node,
-            None => {
-                p.counters.stacks_merged.fetch_add(1, Ordering::Relaxed);
-                agg.paths.merged(fi)
-            }
-        };
-        if agg.log(fi, done.from, dur, self_ticks, node) {
+        let end = sh.path_end(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i)));
+        if agg.log(fi, done.from, dur, self_ticks, end) {
             agg.fold();
         }
         drop(agg);
@@ -631,11 +625,28 @@ fn discovered(m: &ProbeMeta) {
     }
     let entry = m.kind == ProbeKind::Entry;
     f.probes.push(m.id, entry);
+    if !entry && m.provider == crate::probe::Provider::Finstrument && m.site != 0 {
+        f.hint_exit(m.id, exit_slot(m));
+    }
     if !entry && crate::sled::follow_entry(m.id) {
         f.exits_follow_entry.store(true, Ordering::Relaxed);
     }
     if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
         crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
+    }
+}
+
+/// Where exit probe `m`'s hook call finds it in the site table (see
+/// `hooks::hook`): by its return address, or for a tail jump by its
+/// function.
+fn exit_slot(m: &ProbeMeta) -> u32 {
+    if m.form.is_some_and(|f| f.is_tail()) {
+        sitetable::slot_of(key::function(
+            m.function as u64,
+            providers::finstrument::HookKind::Exit as u8,
+        )) | functions::TAIL_HINT
+    } else {
+        sitetable::slot_of(key::ret((m.site + m.site_len as usize) as u64))
     }
 }
 

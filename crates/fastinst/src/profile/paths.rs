@@ -8,9 +8,11 @@
 //! that ends at it, and a sample extends its parent's node by one frame.
 //! A frame adds up to three items (a gap, its caller, itself), packed into
 //! one [`Segment`] key: one lookup per frame
-//! ([`super::thread::Shadow::path_node`]).
+//! ([`super::thread::Shadow::path_end`]), and the last of them is made
+//! when the sample is folded, a few samples after its line was prefetched.
 
-use super::thread::{FxMap, CALLER_TAG, GAP};
+use super::table::{mix, OpenTable, Slot};
+use super::thread::{CALLER_TAG, GAP};
 
 /// Node id of the empty path.
 pub(crate) const ROOT: u32 = 0;
@@ -21,6 +23,9 @@ pub(crate) const ROOT: u32 = 0;
 /// makes hundreds of thousands of paths, and unbounded, the reports grew
 /// to 90 MB.
 pub const MAX_PATH_NODES: usize = 6144;
+
+// A node id is kept in 16 bits in the child table's slots.
+const _: () = assert!(MAX_PATH_NODES <= u16::MAX as usize + 1);
 
 /// What one frame adds to a path, in order: a [`GAP`] (`gap`), its caller
 /// named by return address (`caller`, 0: none), and its function (`func`,
@@ -51,6 +56,19 @@ impl Segment {
     }
 }
 
+/// Where a sample's call path ends, as the exit handler works it out: the
+/// lookup of its last step is left to the fold ([`Paths::resolve`]), which
+/// prefetches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PathEnd {
+    /// No node: the table was full on the way (`[...];function`).
+    Merged,
+    /// This node.
+    At(u32),
+    /// This node's child by this segment.
+    Child(u32, Segment),
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     parent: u32,
@@ -60,12 +78,74 @@ struct Node {
     self_ticks: u64,
 }
 
+/// A trie edge: node `parent` followed by a segment is node `node`. One
+/// 16-byte slot: the segment's caller with its gap flag in the top bit (a
+/// return address never has it), its function, and both node ids.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct Child {
+    caller_gap: u64,
+    func: u32,
+    parent: u16,
+    node: u16,
+}
+
+/// [`Child`]'s key: the parent node and the segment, packed as in the slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ChildKey {
+    caller_gap: u64,
+    func: u32,
+    parent: u16,
+}
+
+impl ChildKey {
+    #[inline(always)]
+    fn new(parent: u32, seg: Segment) -> ChildKey {
+        ChildKey {
+            caller_gap: seg.caller | (u64::from(seg.gap) << 63),
+            func: seg.func,
+            parent: parent as u16,
+        }
+    }
+}
+
+impl Slot for Child {
+    type Key = ChildKey;
+    /// A caller of `2^63 - 1` with the gap flag: no return address.
+    const EMPTY: Child = Child {
+        caller_gap: u64::MAX,
+        func: 0,
+        parent: 0,
+        node: 0,
+    };
+    #[inline(always)]
+    fn key(&self) -> Option<ChildKey> {
+        (self.caller_gap != u64::MAX).then_some(ChildKey {
+            caller_gap: self.caller_gap,
+            func: self.func,
+            parent: self.parent,
+        })
+    }
+    fn new(k: ChildKey) -> Child {
+        Child {
+            caller_gap: k.caller_gap,
+            func: k.func,
+            parent: k.parent,
+            node: 0,
+        }
+    }
+    #[inline(always)]
+    fn hash(k: &ChildKey) -> u64 {
+        mix(mix(0, k.caller_gap), u64::from(k.func) << 16 | u64::from(k.parent))
+    }
+}
+
 /// The trie of [`Segment`]s. Its paths' items are those of
 /// [`super::thread`]: a function index, [`GAP`], or a caller named by
 /// return address.
 pub(crate) struct Paths {
     nodes: Vec<Node>,
-    children: FxMap<(u32, Segment), u32>,
+    children: OpenTable<Child>,
     /// By function: the node of `[...];function`, or [`ROOT`] for none
     /// yet. Once the table is full most samples land here (SQLite fills
     /// it early in its run), and two lookups in `children` were two cache
@@ -82,7 +162,7 @@ impl Default for Paths {
                 samples: 0,
                 self_ticks: 0,
             }],
-            children: FxMap::default(),
+            children: OpenTable::default(),
             merged: Vec::new(),
         }
     }
@@ -93,13 +173,40 @@ impl Paths {
     /// new node and the table is full.
     #[inline]
     pub(crate) fn child(&mut self, parent: u32, seg: Segment) -> Option<u32> {
-        if let Some(&n) = self.children.get(&(parent, seg)) {
-            return Some(n);
+        let key = ChildKey::new(parent, seg);
+        if let Some(c) = self.children.get(&key) {
+            return Some(u32::from(c.node));
         }
         (self.nodes.len() < MAX_PATH_NODES).then(|| self.insert(parent, seg))
     }
 
+    /// Starts loading what [`child`](Self::child) of `parent` and `seg`
+    /// reads.
+    #[inline(always)]
+    pub(crate) fn prefetch_child(&self, parent: u32, seg: Segment) {
+        self.children.prefetch(&ChildKey::new(parent, seg));
+    }
+
+    /// The node a sample's [`PathEnd`] names; `None` when it needs a new
+    /// node and the table is full.
+    #[inline]
+    pub(crate) fn resolve(&mut self, end: PathEnd) -> Option<u32> {
+        match end {
+            PathEnd::Merged => None,
+            PathEnd::At(node) => Some(node),
+            PathEnd::Child(parent, seg) => self.child(parent, seg),
+        }
+    }
+
+    /// A new node under `parent`, found again by [`child`](Self::child).
     fn insert(&mut self, parent: u32, seg: Segment) -> u32 {
+        let n = self.push(parent, seg);
+        let (slot, _) = self.children.get_or_insert(ChildKey::new(parent, seg));
+        slot.node = n as u16;
+        n
+    }
+
+    fn push(&mut self, parent: u32, seg: Segment) -> u32 {
         let n = self.nodes.len() as u32;
         self.nodes.push(Node {
             parent,
@@ -107,7 +214,6 @@ impl Paths {
             samples: 0,
             self_ticks: 0,
         });
-        self.children.insert((parent, seg), n);
         n
     }
 
@@ -136,9 +242,13 @@ impl Paths {
             func,
             gap: true,
         };
-        let n = match self.children.get(&(ROOT, seg)) {
-            Some(&n) => n,
-            None => self.insert(ROOT, seg),
+        let n = match self.children.get(&ChildKey::new(ROOT, seg)) {
+            Some(c) => u32::from(c.node),
+            // Only once the table is full, which it then stays: a lookup
+            // of this segment as a child finds no room and comes back
+            // here, so the node is not in the child table (whose 16-bit
+            // ids it may exceed, one per function past the bound).
+            None => self.push(ROOT, seg),
         };
         if i >= self.merged.len() {
             self.merged.resize((i + 64).next_multiple_of(64), ROOT);

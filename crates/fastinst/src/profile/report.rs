@@ -312,6 +312,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let mut items: Vec<u64> = Vec::new();
     let mut stacks: Vec<((usize, usize), u64, u64)> = Vec::new();
     let mut segs = Vec::new();
+    let mut stacks_merged = 0;
     for t in p.threads.lock().iter() {
         let mut a = t.agg.lock();
         a.fold();
@@ -320,10 +321,11 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             e.0.merge(fa);
             e.1.push(t.tid);
         }
-        for (key, v) in &a.edges {
-            let e = edges.entry(*key).or_default();
-            e.0 += v.0;
-            e.1 += v.1;
+        stacks_merged += a.stacks_merged;
+        for edge in a.edges.iter() {
+            let e = edges.entry((edge.from, edge.func)).or_default();
+            e.0 += edge.calls;
+            e.1 += edge.ticks;
         }
         for (node, n, self_ticks) in a.paths.sampled() {
             let start = items.len();
@@ -466,7 +468,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             too_deep: c(|c| &c.too_deep),
             no_cfa: c(|c| &c.no_cfa),
             no_thread: c(|c| &c.no_thread),
-            stacks_merged: c(|c| &c.stacks_merged),
+            stacks_merged,
             inlined_copies_off: c(|c| &c.inlined_off),
         },
         functions,

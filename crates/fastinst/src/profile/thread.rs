@@ -17,7 +17,8 @@
 
 use super::functions::Func;
 use super::hist::Hist;
-use super::paths::{Paths, Segment, ROOT};
+use super::paths::{PathEnd, Paths, Segment, ROOT};
+use super::table::{mix, OpenTable, Slot};
 use crate::prefetch::line as prefetch;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -53,7 +54,7 @@ pub(crate) struct Frame {
     pub exit_gen: u32,
     /// The interned path that ends at this frame ([`NO_NODE`]: not yet
     /// worked out), valid while the profiler's path epoch is still
-    /// `node_epoch` (see [`Shadow::path_node`]).
+    /// `node_epoch` (see [`Shadow::path_end`]).
     pub node: u32,
     /// The path epoch `node` was worked out in.
     pub node_epoch: u32,
@@ -136,7 +137,7 @@ pub(crate) struct FxHasher(u64);
 impl FxHasher {
     #[inline(always)]
     fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        self.0 = mix(self.0, w);
     }
 }
 
@@ -177,6 +178,48 @@ pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// Samples a thread logs before it folds them into its aggregates.
 const FOLD_SAMPLES: usize = 512;
 
+/// How many samples ahead of the one it records [`Agg::fold`] starts
+/// loading a sample's lines, for each of its two stages.
+const FOLD_AHEAD: usize = 8;
+
+/// A caller -> callee edge's samples on one thread: a call site (a return
+/// address, or an inlined copy's hook site), the callee's function index,
+/// the sampled calls and their ticks. One slot of an [`OpenTable`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Edge {
+    pub from: u64,
+    pub func: u32,
+    pub calls: u64,
+    pub ticks: u64,
+}
+
+impl Slot for Edge {
+    type Key = (u64, u32);
+    /// Edges are only kept for a known call site, never 0.
+    const EMPTY: Edge = Edge {
+        from: 0,
+        func: 0,
+        calls: 0,
+        ticks: 0,
+    };
+    #[inline(always)]
+    fn key(&self) -> Option<(u64, u32)> {
+        (self.from != 0).then_some((self.from, self.func))
+    }
+    fn new((from, func): (u64, u32)) -> Edge {
+        Edge {
+            from,
+            func,
+            calls: 0,
+            ticks: 0,
+        }
+    }
+    #[inline(always)]
+    fn hash(k: &(u64, u32)) -> u64 {
+        mix(mix(0, k.0), u64::from(k.1))
+    }
+}
+
 /// A thread's aggregates.
 ///
 /// A sample is first appended to a log, and the log is folded into the
@@ -185,16 +228,21 @@ const FOLD_SAMPLES: usize = 512;
 /// and a call path: lines the program has evicted since that function's
 /// last sample. Recorded one by one, between stretches of the program's
 /// own work, each update waited for its misses in turn (a third of a
-/// sample's cost on SQLite); folded in a batch, the aggregates are
-/// prefetched for the whole batch first and the misses overlap.
+/// sample's cost on SQLite); folded in a batch, each sample's lines are
+/// loaded a few samples before it is recorded, and the misses overlap.
+/// The last step of its call path is looked up there too
+/// ([`PathEnd`]): in the exit handler it was two misses a sample.
 #[derive(Default)]
 pub(crate) struct Agg {
     /// By function index; `n == 0` for a function not sampled here.
     pub fns: Vec<FnAgg>,
-    /// (call site, callee) -> (sampled calls, ticks).
-    pub edges: FxMap<(u64, u32), (u64, u64)>,
+    /// Edges, by (call site, callee).
+    pub edges: OpenTable<Edge>,
     /// The call paths, with each path's samples and self ticks.
     pub paths: Paths,
+    /// Samples whose path needed a node when the path table was full, so
+    /// shown as `[...];function`.
+    pub stacks_merged: u64,
     /// Samples not yet folded.
     pending: Vec<Logged>,
 }
@@ -203,7 +251,9 @@ pub(crate) struct Agg {
 #[derive(Clone, Copy)]
 struct Logged {
     func: u32,
+    /// Its path's node, once the fold has resolved `end`.
     node: u32,
+    end: PathEnd,
     from: u64,
     dur: u64,
     self_ticks: u64,
@@ -212,16 +262,17 @@ struct Logged {
 impl Agg {
     /// Logs a sampled call of function `fi` that lasted `dur` ticks,
     /// `self_ticks` of them outside its sampled children, called from
-    /// `from` (0: unknown), along path `node` of [`Agg::paths`]. True when
-    /// the log should be [folded](Agg::fold).
+    /// `from` (0: unknown), whose call path ends at `end` of
+    /// [`Agg::paths`]. True when the log should be [folded](Agg::fold).
     #[inline]
-    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, node: u32) -> bool {
+    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, end: PathEnd) -> bool {
         if self.pending.capacity() == 0 {
             self.pending.reserve_exact(FOLD_SAMPLES);
         }
         self.pending.push(Logged {
             func: fi,
-            node,
+            node: ROOT,
+            end,
             from,
             dur,
             self_ticks,
@@ -230,32 +281,53 @@ impl Agg {
     }
 
     /// Folds the logged samples into the aggregates.
+    ///
+    /// A pipeline of three stages, [`FOLD_AHEAD`] samples apart: start
+    /// loading a sample's function counters, its path's last lookup and its
+    /// edge; later, resolve its path node and start loading that node's
+    /// counters and its histogram line (which the function's counters
+    /// locate); later still, record it. Prefetching the whole log at once,
+    /// as before, asked for more lines than the first-level cache holds
+    /// and the loads in flight stalled the loop.
     pub(crate) fn fold(&mut self) {
-        let log = std::mem::take(&mut self.pending);
-        // Every function's counters and path first, so their misses
-        // overlap; then the histograms' lines, which those counters locate.
-        for s in &log {
-            prefetch(self.function(s.func));
-            prefetch(self.paths.slot(s.node));
-        }
-        for s in &log {
-            if let Some(c) = self.fns[s.func as usize].hist.slot(s.dur) {
-                prefetch(c);
+        let mut log = std::mem::take(&mut self.pending);
+        let n = log.len();
+        for i in 0..n + 2 * FOLD_AHEAD {
+            if let Some(s) = log.get(i) {
+                prefetch(self.function(s.func));
+                if let PathEnd::Child(parent, seg) = s.end {
+                    self.paths.prefetch_child(parent, seg);
+                }
+                if s.from != 0 {
+                    self.edges.prefetch(&(s.from, s.func));
+                }
             }
-        }
-        for s in &log {
-            self.fns[s.func as usize].record(s.dur);
-            // An edge needs to know its caller; before the function's
-            // extent is known (its first epoch) the sample has none.
-            if s.from != 0 {
-                let e = self.edges.entry((s.from, s.func)).or_default();
-                e.0 += 1;
-                e.1 += s.dur;
+            if let Some(s) = i.checked_sub(FOLD_AHEAD).and_then(|j| log.get_mut(j)) {
+                s.node = match self.paths.resolve(s.end) {
+                    Some(node) => node,
+                    None => {
+                        self.stacks_merged += 1;
+                        self.paths.merged(s.func)
+                    }
+                };
+                prefetch(self.paths.slot(s.node));
+                if let Some(c) = self.fns[s.func as usize].hist.slot(s.dur) {
+                    prefetch(c);
+                }
             }
-            self.paths.add(s.node, s.self_ticks);
+            if let Some(s) = i.checked_sub(2 * FOLD_AHEAD).and_then(|j| log.get(j)) {
+                self.fns[s.func as usize].record(s.dur);
+                // An edge needs to know its caller; before the function's
+                // extent is known (its first epoch) the sample has none.
+                if s.from != 0 {
+                    let (e, _) = self.edges.get_or_insert((s.from, s.func));
+                    e.calls += 1;
+                    e.ticks += s.dur;
+                }
+                self.paths.add(s.node, s.self_ticks);
+            }
         }
         // The log's buffer is reused.
-        let mut log = log;
         log.clear();
         self.pending = log;
     }
@@ -327,9 +399,11 @@ impl Shadow {
         self.segs.iter().flat_map(|s| s.items()).collect()
     }
 
-    /// The node in `paths` of the path [`full_path`](Self::full_path)
-    /// works out for `done`; `None` when it needs a new node and the table
-    /// is full.
+    /// Where the path [`full_path`](Self::full_path) works out for `done`
+    /// ends in `paths`: a node, or a node and the segment `done` adds to
+    /// it, whose lookup [`Agg::fold`] makes ([`Paths::resolve`]);
+    /// [`PathEnd::Merged`] when it needs a new node on the way and the
+    /// table is full.
     ///
     /// A frame keeps the node of the path that ends at it, so a path is its
     /// parent's node extended by one frame's items: a lookup or two, not a
@@ -340,18 +414,23 @@ impl Shadow {
     /// exit probe of a function with a sampled call in flight switched, a
     /// function's extent resolved, a fork), and the nodes of the frames
     /// above the deepest still-valid one are worked out again.
-    pub(crate) fn path_node(
+    pub(crate) fn path_end(
         &mut self,
         done: &Frame,
         paths: &mut Paths,
         epoch: u32,
         func: impl Fn(u32) -> Option<&'static Func>,
-    ) -> Option<u32> {
+    ) -> PathEnd {
         if self.frames.len() > MAX_PATH {
             // Cut paths start at a different frame for each depth: no
             // parent node to extend.
             self.full_path(done, func);
-            return paths.intern(&self.segs);
+            let Some((&last, rest)) = self.segs.split_last() else {
+                return PathEnd::At(ROOT);
+            };
+            return paths
+                .intern(rest)
+                .map_or(PathEnd::Merged, |node| PathEnd::Child(node, last));
         }
         let frames = &mut self.frames;
         let valid = |f: &Frame| f.node != NO_NODE && f.node_epoch == epoch;
@@ -361,7 +440,7 @@ impl Shadow {
             None => (ROOT, None),
         };
         if node == FULL {
-            return None;
+            return PathEnd::Merged;
         }
         for k in first..frames.len() {
             let (seg, on) = segment(prev.map(|i| &frames[i]), &frames[k], &func);
@@ -372,11 +451,27 @@ impl Shadow {
             fr.node = next.unwrap_or(FULL);
             fr.node_epoch = epoch;
             fr.open = on;
-            node = next?;
+            let Some(next) = next else { return PathEnd::Merged };
+            node = next;
             prev = on.then_some(k);
         }
-        let (seg, _) = segment(prev.map(|i| &frames[i]), done, &func);
-        seg.map_or(Some(node), |seg| paths.child(node, seg))
+        match segment(prev.map(|i| &frames[i]), done, &func) {
+            (Some(seg), _) => PathEnd::Child(node, seg),
+            (None, _) => PathEnd::At(node),
+        }
+    }
+
+    /// The node of [`path_end`](Self::path_end), looked up at once.
+    #[cfg(test)]
+    fn path_node(
+        &mut self,
+        done: &Frame,
+        paths: &mut Paths,
+        epoch: u32,
+        func: impl Fn(u32) -> Option<&'static Func>,
+    ) -> Option<u32> {
+        let end = self.path_end(done, paths, epoch, func);
+        paths.resolve(end)
     }
 }
 
