@@ -51,7 +51,11 @@ typedef struct fastinst_probe_meta {
     uint8_t site_len;      /* 5 or 6; 0 if unrecognised */
     uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry */
     uint8_t arg_rewritten; /* 1 if this_fn's load now passes the id */
-    uint8_t reserved[2];
+    uint8_t inlined;       /* 1 if the site is in a copy of the function inlined
+                            * into another function (gcc -finstrument-functions
+                            * keeps their hooks); 0 in its own code, clones
+                            * (f.constprop.0, f.isra.0, f.part.0) and f.cold */
+    uint8_t reserved[1];
     const void *function;      /* the instrumented function */
     const char *function_name; /* demangled, never freed, "" if unknown */
     const void *site;          /* the call/jmp instruction, NULL if unrecognised */

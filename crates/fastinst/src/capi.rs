@@ -27,8 +27,11 @@ pub struct CProbeMeta {
     pub provider: u8,
     /// 1 if the `this_fn` load passes the id.
     pub arg_rewritten: u8,
+    /// 1 if the site lies in a copy of the function inlined into another
+    /// function ([`ProbeMeta::inlined`]).
+    pub inlined: u8,
     /// Zero.
-    pub reserved: [u8; 2],
+    pub reserved: [u8; 1],
     /// The instrumented function.
     pub function: *const c_void,
     /// Its demangled name, NUL-terminated, never freed ("" if unknown).
@@ -62,7 +65,8 @@ pub(crate) fn c_meta(m: &ProbeMeta) -> CProbeMeta {
         site_len: m.site_len,
         provider: m.provider as u8,
         arg_rewritten: m.arg_rewritten as u8,
-        reserved: [0; 2],
+        inlined: m.inlined as u8,
+        reserved: [0; 1],
         function: m.function as *const c_void,
         function_name: m.function_name.as_ptr(),
         site: m.site as *const c_void,

@@ -50,6 +50,11 @@ static void discovered(const fastinst_probe_meta *m, void *u) {
         else
             relv_call_exits++;
         if (m->id < (1u << 16)) role[m->id] = tail ? 1 : 2;
+        /* The tail jump is relv's own code; the calls are in `twice`. */
+        if (m->inlined != !tail) {
+            fprintf(stderr, "FAIL: relv's %s exit has inlined=%u\n", tail ? "tail-jump" : "call", m->inlined);
+            exit(5);
+        }
     }
     int r = mode_on ? fastinst_activate(m->id, count) : fastinst_deactivate(m->id);
     if (r != 0) {
