@@ -27,6 +27,9 @@ options:
   --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled
   --configs LIST      subset of plain,floor,profile (default: all three)
   --freq HZ           samples per second (default 4000)
+  --repeat N          each run does its workload N times over (default 1,
+                      as fastinst-table3's --repeat): the costs fixed per
+                      run (start-up, reports) then weigh 1/N as much
   --work DIR          builds and scratch (default: target/fastinst-eval)
   --lib PATH          a libfastinst.so built with frame pointers (default:
                       build one under WORK/fp-target)
@@ -40,6 +43,7 @@ struct Args {
     common: CommonArgs,
     configs: Vec<Config>,
     freq: u32,
+    repeat: usize,
     from_json: Option<PathBuf>,
 }
 
@@ -52,6 +56,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         common: CommonArgs::default(),
         configs: RECORDED.to_vec(),
         freq: 4000,
+        repeat: 1,
         from_json: None,
     };
     let mut argv = Argv::new(argv);
@@ -60,6 +65,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "-h" | "--help" => return Ok(None),
             "--runs" => a.runs = argv.number(opt)?.max(1),
             "--freq" => a.freq = argv.number(opt)?.clamp(100, 50_000) as u32,
+            "--repeat" => a.repeat = argv.number(opt)?.max(1),
             "--from-json" => a.from_json = Some(argv.value(opt)?.into()),
             opt if a.common.take(opt, &mut argv)? => {}
             "--configs" => a.configs = named(&argv.value(opt)?, opt, &RECORDED, Config::name)?,
@@ -176,7 +182,7 @@ fn run(a: Args) -> Result<()> {
     let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
     let mut rows = Vec::new();
     for &p in &a.common.programs {
-        let args = p.workload(&work)?;
+        let args = p.workload_repeated(&work, a.repeat)?;
         for &c in &compilers {
             for &config in &a.configs {
                 let bin = bins
