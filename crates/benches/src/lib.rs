@@ -95,7 +95,8 @@ impl<'a> Argv<'a> {
 
 /// The options the Table 3 harnesses (`fastinst-table3`, `fastinst-shares`,
 /// `fastinst-cachesim`) share: which programs and builds, where to build,
-/// which library, where to save the JSON.
+/// which library, where to save the JSON, how many times over each run does
+/// its workload.
 pub struct CommonArgs {
     /// `--programs` (default: all).
     pub programs: Vec<programs::Program>,
@@ -107,6 +108,9 @@ pub struct CommonArgs {
     pub lib: Option<std::path::PathBuf>,
     /// `--json`: also write the results here.
     pub json: Option<std::path::PathBuf>,
+    /// `--repeat`: each run does its workload this many times over (at
+    /// least 1), so that the costs fixed per run weigh less.
+    pub repeat: usize,
 }
 
 impl Default for CommonArgs {
@@ -117,6 +121,7 @@ impl Default for CommonArgs {
             work: "target/fastinst-eval".into(),
             lib: None,
             json: None,
+            repeat: 1,
         }
     }
 }
@@ -131,6 +136,7 @@ impl CommonArgs {
             "--work" => self.work = argv.value(opt)?.into(),
             "--lib" => self.lib = Some(argv.value(opt)?.into()),
             "--json" => self.json = Some(argv.value(opt)?.into()),
+            "--repeat" => self.repeat = argv.number(opt)?.max(1),
             _ => return Ok(false),
         }
         Ok(true)
@@ -220,6 +226,8 @@ mod tests {
             "3",
             "--lib",
             "x.so",
+            "--repeat",
+            "0",
             "--compilers",
             "fortran",
         ]
@@ -234,6 +242,9 @@ mod tests {
         assert_eq!(a.number("--runs").unwrap(), 3);
         assert!(c.take(a.next_opt().unwrap(), &mut a).unwrap());
         assert_eq!(c.lib.as_deref(), Some(std::path::Path::new("x.so")));
+        assert_eq!(c.repeat, 1);
+        assert!(c.take(a.next_opt().unwrap(), &mut a).unwrap());
+        assert_eq!(c.repeat, 1, "a workload is done at least once");
         assert!(c.take(a.next_opt().unwrap(), &mut a).is_err());
         assert_eq!(c.work, std::path::PathBuf::from("target/fastinst-eval"));
     }

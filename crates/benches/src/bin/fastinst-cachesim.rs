@@ -34,6 +34,8 @@ options:
   --jobs N            simulations at a time (default: CPUs)
   --native-runs N     native runs of each plain build, for the slowdown
                       under Valgrind (default 3; the fastest counts)
+  --repeat N          each run does its workload N times over (default 1,
+                      as fastinst-table3's and fastinst-shares')
   --work DIR          builds and scratch (default: target/fastinst-eval)
   --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
   --shares PATH       a `fastinst-shares --json` file: adds the direct cost
@@ -272,7 +274,7 @@ fn run(a: Args) -> Result<()> {
     let mut native = Vec::new();
     let mut native_samples = Vec::new();
     for &p in &a.common.programs {
-        let args = p.workload(&work)?;
+        let args = p.workload_repeated(&work, a.common.repeat)?;
         for &c in &compilers {
             let plain = &bin(p, c, false).path;
             if !native.iter().any(|(q, _)| q == plain) {
@@ -297,7 +299,7 @@ fn run(a: Args) -> Result<()> {
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<Simulated> + Send + '_>> = Vec::new();
     for plain in &plains {
         let program = bins.iter().find(|b| &b.path == plain).expect("built above").program;
-        let args = program.workload(&work)?;
+        let args = program.workload_repeated(&work, a.common.repeat)?;
         let dir = out.join(plain.file_name().unwrap_or_default());
         jobs.push(Box::new(move || {
             eprintln!("  simulating {}", plain.display());
@@ -315,7 +317,7 @@ fn run(a: Args) -> Result<()> {
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<Simulated> + Send + '_>> = Vec::new();
     let mut subjects = Vec::new();
     for &p in &a.common.programs {
-        let args = p.workload(&work)?;
+        let args = p.workload_repeated(&work, a.common.repeat)?;
         for &c in &compilers {
             let (slowdown, _) = slowdown_of(&bin(p, c, false).path);
             let inst = bin(p, c, true).path.clone();

@@ -43,7 +43,6 @@ struct Args {
     common: CommonArgs,
     configs: Vec<Config>,
     freq: u32,
-    repeat: usize,
     from_json: Option<PathBuf>,
 }
 
@@ -56,7 +55,6 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         common: CommonArgs::default(),
         configs: RECORDED.to_vec(),
         freq: 4000,
-        repeat: 1,
         from_json: None,
     };
     let mut argv = Argv::new(argv);
@@ -65,7 +63,6 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "-h" | "--help" => return Ok(None),
             "--runs" => a.runs = argv.number(opt)?.max(1),
             "--freq" => a.freq = argv.number(opt)?.clamp(100, 50_000) as u32,
-            "--repeat" => a.repeat = argv.number(opt)?.max(1),
             "--from-json" => a.from_json = Some(argv.value(opt)?.into()),
             opt if a.common.take(opt, &mut argv)? => {}
             "--configs" => a.configs = named(&argv.value(opt)?, opt, &RECORDED, Config::name)?,
@@ -182,7 +179,7 @@ fn run(a: Args) -> Result<()> {
     let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
     let mut rows = Vec::new();
     for &p in &a.common.programs {
-        let args = p.workload_repeated(&work, a.repeat)?;
+        let args = p.workload_repeated(&work, a.common.repeat)?;
         for &c in &compilers {
             for &config in &a.configs {
                 let bin = bins

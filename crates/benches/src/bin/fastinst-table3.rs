@@ -33,7 +33,6 @@ struct Args {
     rounds: usize,
     all_on_rounds: usize,
     common: CommonArgs,
-    repeat: usize,
 }
 
 fn parse(argv: &[String]) -> Result<Option<Args>> {
@@ -41,7 +40,6 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
         rounds: 7,
         all_on_rounds: 1,
         common: CommonArgs::default(),
-        repeat: 1,
     };
     let mut argv = Argv::new(argv);
     while let Some(opt) = argv.next_opt() {
@@ -50,7 +48,6 @@ fn parse(argv: &[String]) -> Result<Option<Args>> {
             "--quick" => (a.rounds, a.all_on_rounds) = (3, 1),
             "--rounds" => a.rounds = argv.number(opt)?.max(1),
             "--all-on-rounds" => a.all_on_rounds = argv.number(opt)?,
-            "--repeat" => a.repeat = argv.number(opt)?.max(1),
             opt if a.common.take(opt, &mut argv)? => {}
             other => return Err(EvalError::Usage(format!("unknown option {other}"))),
         }
@@ -73,7 +70,7 @@ fn run(a: Args) -> Result<()> {
     };
     let mut rows = Vec::new();
     for &p in &a.common.programs {
-        let args = p.workload_repeated(&work, a.repeat)?;
+        let args = p.workload_repeated(&work, a.common.repeat)?;
         for &c in &compilers {
             let find = |inst: bool| {
                 bins.iter()
