@@ -215,22 +215,30 @@ pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     f(s)
 }
 
-/// Discovers the probe a hook call of `kind` with `this_fn` returning to
-/// `ret` belongs to. Holds the discovery lock.
+/// A hook call being discovered.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HookCall {
+    /// Entry or exit hook.
+    pub kind: HookKind,
+    /// The hook's first argument: the instrumented function.
+    pub this_fn: u64,
+    /// The hook call's return address.
+    pub ret: u64,
+    /// The hook's second argument: the function's return address. A call
+    /// whose `ret` differs from it came from a `call` of the hook, never
+    /// from a tail jump.
+    pub call_site: u64,
+}
+
+/// Discovers the probe hook call `call` belongs to. Holds the discovery
+/// lock.
 ///
 /// `tail` is the function's tail-exit probe when the caller found one but
 /// judged that the call came from another site (`hooks::undiscovered_call`):
 /// the call is then looked up by its return address only, and if it turns
-/// out to come from no new site, `tail` is its probe. `call_site` is the
-/// hook's second argument: a call whose return address is not it came
-/// from a `call` of the hook, never from a tail jump.
-pub(crate) fn discover(
-    kind: HookKind,
-    this_fn: u64,
-    ret: u64,
-    call_site: u64,
-    tail: Option<ProbeId>,
-) -> Option<ProbeId> {
+/// out to come from no new site, `tail` is its probe.
+pub(crate) fn discover(call: HookCall, tail: Option<ProbeId>) -> Option<ProbeId> {
+    let HookCall { kind, this_fn, ret, .. } = call;
     with_state(|s| {
         sitetable::prepare(ret);
         sitetable::prepare(this_fn);
@@ -247,21 +255,20 @@ pub(crate) fn discover(
             s.rescan();
         }
         let t0 = wordpatch::tsc::now();
-        let r = discover_locked(s, kind, this_fn, ret, call_site, tail);
+        let r = discover_locked(s, call, tail);
         stats::DISCOVERY_TICKS.fetch_add(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
         bump(&stats::DISCOVERIES);
         r
     })
 }
 
-fn discover_locked(
-    s: &mut State,
-    kind: HookKind,
-    this_fn: u64,
-    ret: u64,
-    call_site: u64,
-    tail: Option<ProbeId>,
-) -> Option<ProbeId> {
+fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Option<ProbeId> {
+    let HookCall {
+        kind,
+        this_fn,
+        ret,
+        call_site,
+    } = call;
     let hooks = hooks();
     let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
     match site {

@@ -179,7 +179,15 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, by_f
         return;
     }
     IN_DISCOVERY.with(|d| d.set(true));
-    let r = std::panic::catch_unwind(|| crate::discovery::discover(kind, this_fn, ret, call_site, by_function));
+    let r = std::panic::catch_unwind(|| {
+        let call = crate::discovery::HookCall {
+            kind,
+            this_fn,
+            ret,
+            call_site,
+        };
+        crate::discovery::discover(call, by_function)
+    });
     IN_DISCOVERY.with(|d| d.set(false));
     match r {
         Ok(Some(id)) => fire(id, call_site, stack, 0),

@@ -65,16 +65,20 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
         }
     }
 
+    /// Where entry `i` is or will be, to prefetch: `None` while its segment
+    /// does not exist. `wrapping_add`: the address is only hinted, never
+    /// read through.
+    #[inline(always)]
+    fn slot_hint(&self, i: u32) -> Option<*const Slot<T>> {
+        let seg = self.segs.get((i >> SEG_BITS) as usize)?.load(Ordering::Acquire);
+        (!seg.is_null()).then(|| seg.wrapping_add(i as usize & (SEG - 1)).cast_const())
+    }
+
     /// Starts loading the first line of entry `i`, without waiting for it.
     #[inline(always)]
     pub(crate) fn prefetch(&self, i: u32) {
-        let Some(seg) = self.segs.get((i >> SEG_BITS) as usize) else {
-            return;
-        };
-        let seg = seg.load(Ordering::Acquire);
-        if !seg.is_null() {
-            // `wrapping_add`: the address is only hinted, never read here.
-            crate::prefetch::line(seg.wrapping_add(i as usize & (SEG - 1)));
+        if let Some(slot) = self.slot_hint(i) {
+            crate::prefetch::line(slot);
         }
     }
 
@@ -82,13 +86,8 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
     /// any of them.
     #[inline(always)]
     pub(crate) fn prefetch_for_write(&self, i: u32) {
-        let Some(seg) = self.segs.get((i >> SEG_BITS) as usize) else {
-            return;
-        };
-        let seg = seg.load(Ordering::Acquire);
-        if !seg.is_null() {
-            // `wrapping_add`: the address is only hinted, never read here.
-            crate::prefetch::range_for_write(seg.wrapping_add(i as usize & (SEG - 1)));
+        if let Some(slot) = self.slot_hint(i) {
+            crate::prefetch::range_for_write(slot);
         }
     }
 
