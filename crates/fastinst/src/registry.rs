@@ -24,8 +24,9 @@ pub(crate) const ON: u8 = 0x80;
 ///
 /// Laid out by hand (`repr(C)`, line-aligned) so that what a hook call and
 /// a sampled call's handlers read, the metadata, the handler and the tool's
-/// word, is the record's first cache line; the call site's view and the
-/// toggle's state and lock, which only a switch needs, follow. Left to the
+/// word, is the record's first cache line; the call site's view, the
+/// state and the lock follow (a switch reads them, and a hook call only
+/// when the probe has no handler, or for a sled's exit probe). Left to the
 /// compiler, the handler and the site's address fell on two different
 /// lines, each a miss on a probe the program last ran milliseconds ago.
 #[repr(C, align(64))]
