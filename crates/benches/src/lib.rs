@@ -93,6 +93,24 @@ impl<'a> Argv<'a> {
     }
 }
 
+/// The help lines of the options every Table 3 harness takes from
+/// [`CommonArgs`], for its usage text (`concat!`): written once, as they
+/// are parsed once. Each harness adds its own `--lib` and `--json` lines,
+/// whose meaning differs between them.
+#[macro_export]
+macro_rules! common_options_usage {
+    () => {
+        "  --programs LIST     subset of bzip2,quickjs,sqlite
+  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
+                      -fpatchable-function-entry=5 builds)
+  --repeat N          each run does its workload N times over (default 1:
+                      ~1 s runs); the costs fixed per run (start-up,
+                      reports) then weigh 1/N as much
+  --work DIR          builds and scratch (default: target/fastinst-eval)
+"
+    };
+}
+
 /// The options the Table 3 harnesses (`fastinst-table3`, `fastinst-shares`,
 /// `fastinst-cachesim`) share: which programs and builds, where to build,
 /// which library, where to save the JSON, how many times over each run does

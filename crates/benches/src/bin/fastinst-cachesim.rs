@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "\
+const USAGE: &str = concat!(
+    "\
 usage: fastinst-cachesim [options]
 
 Runs Table 3's programs under Valgrind's cachegrind (plain build, every
@@ -29,21 +30,19 @@ often per unit of the program's work as it does natively. Needs valgrind
 (Debian: apt-get install valgrind). Prints Markdown tables.
 
 options:
-  --programs LIST     subset of bzip2,quickjs,sqlite
-  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled
   --jobs N            simulations at a time (default: CPUs)
   --native-runs N     native runs of each plain build, for the slowdown
                       under Valgrind (default 3; the fastest counts)
-  --repeat N          each run does its workload N times over (default 1,
-                      as fastinst-table3's and fastinst-shares')
-  --work DIR          builds and scratch (default: target/fastinst-eval)
-  --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
+",
+    fastinst_benches::common_options_usage!(),
+    "  --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
   --shares PATH       a `fastinst-shares --json` file: adds the direct cost
                       it measured and prints the three parts' sum
   --json PATH         also write the counts as JSON
   --from-json PATH    print the tables of an earlier run's JSON instead
   -h, --help          this text
-";
+"
+);
 
 struct Args {
     common: CommonArgs,

@@ -11,7 +11,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-const USAGE: &str = "\
+const USAGE: &str = concat!(
+    "\
 usage: fastinst-shares [options]
 
 Records runs of Table 3's programs with `perf record -g` (cpu-clock) and
@@ -23,20 +24,17 @@ builds its own libfastinst.so with frame pointers. Prints a Markdown table.
 
 options:
   --runs N            runs per configuration (default 5)
-  --programs LIST     subset of bzip2,quickjs,sqlite
-  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled
   --configs LIST      subset of plain,floor,profile (default: all three)
   --freq HZ           samples per second (default 4000)
-  --repeat N          each run does its workload N times over (default 1,
-                      as fastinst-table3's --repeat): the costs fixed per
-                      run (start-up, reports) then weigh 1/N as much
-  --work DIR          builds and scratch (default: target/fastinst-eval)
-  --lib PATH          a libfastinst.so built with frame pointers (default:
+",
+    fastinst_benches::common_options_usage!(),
+    "  --lib PATH          a libfastinst.so built with frame pointers (default:
                       build one under WORK/fp-target)
   --json PATH         also write the shares as JSON
   --from-json PATH    print the tables of an earlier run's JSON instead
   -h, --help          this text
-";
+"
+);
 
 struct Args {
     runs: usize,

@@ -6,7 +6,8 @@ use fastinst_benches::table3::{measure_row, render_markdown, Options};
 use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
 use std::process::ExitCode;
 
-const USAGE: &str = "\
+const USAGE: &str = concat!(
+    "\
 usage: fastinst-table3 [options]
 
 The latency profiler on real programs (bzip2, QuickJS, SQLite; sources from
@@ -18,16 +19,13 @@ options:
   --quick             3 rounds, all-on in 1 (default: 7 rounds, all-on in 1)
   --rounds N          measured rounds (one warm-up round comes first)
   --all-on-rounds N   rounds that include the all-on configuration (0: none)
-  --programs LIST     subset of bzip2,quickjs,sqlite
-  --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
-                      -fpatchable-function-entry=5 builds)
-  --repeat N          each run does its workload N times over (default 1,
-                      ~1 s): shows which costs are fixed per run
-  --work DIR          builds and scratch (default: target/fastinst-eval)
-  --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
+",
+    fastinst_benches::common_options_usage!(),
+    "  --lib PATH          libfastinst.so (default: as `fastinst run` finds it)
   --json PATH         also write every run as JSON
   -h, --help          this text
-";
+"
+);
 
 struct Args {
     rounds: usize,
