@@ -47,6 +47,8 @@ const CLASSES: usize = (MAX_SMALL / MIN_BLOCK).trailing_zeros() as usize + 1;
 /// Bytes mapped at a time for the classes, and their alignment.
 const CHUNK: usize = 1 << 20;
 const PAGE: usize = 4096;
+/// A large-block slot whose block is being moved (never a block's address).
+const MOVING: usize = 1;
 /// Chunks the table can hold (a load of at most a half: 2 GiB of chunks).
 const CHUNK_SLOTS: usize = 4096;
 /// Large blocks listed at once; past that, large blocks come from the
@@ -64,7 +66,9 @@ struct State {
     own: AtomicBool,
     /// Bases of the chunks, open addressing by chunk number (0: empty).
     chunks: [AtomicUsize; CHUNK_SLOTS],
-    /// Addresses of the live large blocks (0: free slot).
+    /// Addresses of the live large blocks (0: free slot; [`MOVING`]: its
+    /// block is being moved). Filled, cleared and marked under the lock, so
+    /// that no two slots list one address; read without it (`owns`).
     large: [AtomicUsize; LARGE_SLOTS],
 }
 
@@ -212,8 +216,11 @@ impl State {
                 l.free[c] = p;
             }),
             None => {
-                if let Some(i) = self.large_slot(p) {
-                    self.large[i].store(0, Ordering::Release);
+                // Delisted under the lock (see `large`), unmapped after: no
+                // `mmap` can hand these pages out again while they are
+                // still listed.
+                let listed = self.with_lists(|_| self.large_slot(p).map(|i| self.large[i].store(0, Ordering::Release)));
+                if listed.is_some() {
                     unmap(p, round_up(layout.size(), PAGE));
                 }
             }
@@ -249,14 +256,28 @@ impl State {
                     if old_len == new_len {
                         return p;
                     }
-                    if let Some(i) = self.large_slot(p as usize) {
+                    // The slot is marked as moving under the lock, so that
+                    // while the pages move (the lock not held across the
+                    // syscall) it lists no address: the old one may be
+                    // mapped again by then, and a slot still listing it
+                    // would be taken for that block, cleared by its free
+                    // and reused, and then overwritten here.
+                    let slot = self.with_lists(|_| {
+                        let i = self.large_slot(p as usize)?;
+                        self.large[i].store(MOVING, Ordering::Relaxed);
+                        Some(&self.large[i])
+                    });
+                    if let Some(slot) = slot {
                         // SAFETY: `p..p + old_len` is a mapping of its own;
                         // the kernel moves it whole if it must.
                         let q = unsafe { libc::mremap(p as *mut libc::c_void, old_len, new_len, libc::MREMAP_MAYMOVE) };
                         if q == libc::MAP_FAILED {
+                            // Nothing moved: the block is still `p`.
+                            slot.store(p as usize, Ordering::Release);
                             return std::ptr::null_mut();
                         }
-                        self.large[i].store(q as usize, Ordering::Release);
+                        // Only this thread writes a moving slot.
+                        slot.store(q as usize, Ordering::Release);
                         return q as *mut u8;
                     }
                 }
@@ -476,6 +497,53 @@ mod tests {
         s.dealloc(c, small);
         s.dealloc(b, large);
         assert!(!s.owns(b as usize, large));
+    }
+
+    /// Large blocks made, grown and freed by several threads at once: each
+    /// live block stays listed as this heap's. Before the large-block list
+    /// was changed only under the lock, a `realloc` that moved its block
+    /// stored the new address into its old slot after a `dealloc` elsewhere
+    /// had cleared that slot (matching the moved block's stale address, the
+    /// same one `mmap` had just given out again) and an `alloc` had taken
+    /// it: a live block fell off the list, and its free went to `malloc`
+    /// (`free(): invalid pointer`, or SIGSEGV; seen in 8 of 50 runs of this
+    /// crate's unit tests beside a busy CPU).
+    #[test]
+    fn large_blocks_stay_listed_while_threads_grow_and_free_them() {
+        let s = state();
+        std::thread::scope(|scope| {
+            for t in 0..8usize {
+                scope.spawn(move || {
+                    let mut live: Vec<(*mut u8, usize)> = Vec::new();
+                    for i in 0..20_000usize {
+                        let pick = (i * 7 + t * 13) % 8;
+                        if live.len() < 8 {
+                            let size = MAX_SMALL + 1 + pick * PAGE;
+                            live.push((s.alloc(l(size, 8)), size));
+                        } else if i % 2 == 0 {
+                            // Doubled (or shrunk back): moved by `mremap`,
+                            // mostly to another address.
+                            let (p, old) = live[pick];
+                            let new = if old >= 1 << 20 { MAX_SMALL + 1 } else { old * 2 };
+                            live[pick] = (s.realloc(p, l(old, 8), new), new);
+                        } else {
+                            let (p, old) = live.swap_remove(pick);
+                            s.dealloc(p, l(old, 8));
+                        }
+                        for &(p, size) in &live {
+                            assert!(s.owns(p as usize, l(size, 8)), "a live block is no longer listed");
+                        }
+                    }
+                    for (p, size) in live {
+                        s.dealloc(p, l(size, 8));
+                    }
+                });
+            }
+        });
+        assert!(
+            s.large.iter().all(|x| x.load(Ordering::Relaxed) == 0),
+            "every block freed"
+        );
     }
 
     #[test]
