@@ -107,8 +107,6 @@ pub(crate) struct Func {
     /// Exits in this window that matched no sampled call (see
     /// [`EXIT_BUDGET`]).
     pub unmatched: AtomicU32,
-    /// The next function on the [`Exhausted`] list, plus one (0: none).
-    next_exhausted: AtomicU32,
     /// One of its exit probes, for [`Func::prefetch_exit`] (0 with no
     /// hint: see `exit_slot`).
     exit_probe: AtomicU32,
@@ -152,7 +150,6 @@ impl Func {
             count: AtomicU32::new(0),
             exit_gen: AtomicU32::new(0),
             unmatched: AtomicU32::new(0),
-            next_exhausted: AtomicU32::new(0),
             exit_probe: AtomicU32::new(0),
             exit_slot: AtomicU32::new(0),
             exhausted: AtomicBool::new(false),
@@ -407,70 +404,6 @@ impl FuncProbes {
     }
 }
 
-/// The functions whose quota filled since the daemon last looked: a
-/// lock-free stack threaded through [`Func`], pushed by the entry handler
-/// that fills a quota and taken whole by the daemon.
-///
-/// The daemon used to scan every function each epoch to find these, a
-/// cache miss per function (3,700 on SQLite) a hundred times a second; the
-/// list holds only the hundred or so whose window it must close. A function
-/// is pushed once per window (the call that makes its count exactly K),
-/// and only the daemon reopens windows, after it has read the function's
-/// link, so a link is never overwritten while the daemon still follows it;
-/// taking the whole list at once leaves no ABA case.
-#[derive(Default)]
-pub(crate) struct Exhausted {
-    /// The last function pushed, plus one (0: empty).
-    head: AtomicU32,
-}
-
-impl Exhausted {
-    /// Pushes function `fi` (`f`), whose quota just filled.
-    pub(crate) fn push(&self, fi: u32, f: &Func) {
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            f.next_exhausted.store(head, Ordering::Relaxed);
-            match self
-                .head
-                .compare_exchange_weak(head, fi + 1, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(now) => head = now,
-            }
-        }
-    }
-
-    /// Takes every function pushed so far (most recent first), as an
-    /// iterator that reads each link when it yields the function before it:
-    /// the caller may reopen a function's window once it has moved past it.
-    pub(crate) fn take<F: Fn(u32) -> Option<&'static Func>>(&self, funcs: F) -> Taken<F> {
-        Taken {
-            next: self.head.swap(0, Ordering::Acquire),
-            funcs,
-        }
-    }
-
-    /// Forgets the list (a forked child, whose functions were all reset).
-    pub(crate) fn clear(&self) {
-        self.head.store(0, Ordering::Relaxed);
-    }
-}
-
-/// The functions [`Exhausted::take`] took.
-pub(crate) struct Taken<F> {
-    next: u32,
-    funcs: F,
-}
-
-impl<F: Fn(u32) -> Option<&'static Func>> Iterator for Taken<F> {
-    type Item = u32;
-    fn next(&mut self) -> Option<u32> {
-        let fi = self.next.checked_sub(1)?;
-        self.next = (self.funcs)(fi).map_or(0, |f| f.next_exhausted.load(Ordering::Relaxed));
-        Some(fi)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,25 +594,5 @@ mod tests {
                 }
             }
         });
-    }
-
-    #[test]
-    fn the_exhausted_list_hands_each_push_to_the_daemon_once() {
-        let funcs: &'static [Func] = Box::leak((0..64).map(|i| Func::new(i, String::new(), 0)).collect());
-        let list = std::sync::Arc::new(Exhausted::default());
-        std::thread::scope(|s| {
-            for t in 0..4u32 {
-                let list = list.clone();
-                s.spawn(move || {
-                    for fi in (t..64).step_by(4) {
-                        list.push(fi, &funcs[fi as usize]);
-                    }
-                });
-            }
-        });
-        let mut out: Vec<u32> = list.take(|i| funcs.get(i as usize)).collect();
-        out.sort_unstable();
-        assert_eq!(out, (0..64).collect::<Vec<_>>());
-        assert_eq!(list.take(|i| funcs.get(i as usize)).count(), 0);
     }
 }

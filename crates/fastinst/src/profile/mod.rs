@@ -24,6 +24,7 @@
 //! and their limits are in [`thread`]; the reports in [`report`].
 
 mod decimal;
+mod exhausted;
 mod flame;
 mod functions;
 mod hist;
@@ -40,7 +41,8 @@ use crate::registry;
 use crate::segmented::Segmented;
 use crate::sitetable::{self, key};
 use crate::Strategy;
-use functions::{Exhausted, Func};
+use exhausted::Exhausted;
+use functions::Func;
 use local::with_local;
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
@@ -238,11 +240,14 @@ unsafe impl Sync for ThreadStore {}
 // SAFETY: as above.
 unsafe impl Send for ThreadStore {}
 
+/// Segments of the function table (of `segmented::SEG` functions each).
+const FUNC_SEGMENTS: usize = 1024;
+
 pub(crate) struct Profiler {
     pub settings: Settings,
-    pub funcs: Segmented<Func, 1024>,
+    pub funcs: Segmented<Func, FUNC_SEGMENTS>,
     by_addr: Mutex<HashMap<usize, u32>>,
-    exhausted: Exhausted,
+    exhausted: Exhausted<FUNC_SEGMENTS>,
     /// Moves whenever a live frame's call path may have changed; see
     /// [`Shadow::path_end`] and [`paths_may_change`].
     path_epoch: AtomicU32,
@@ -460,7 +465,10 @@ extern "C" fn on_entry(id: ProbeId) {
             // (see `reopened`).
             f.kth_call(t_in, local::handler_clock());
             f.exhausted.store(true, Ordering::Release);
-            p.exhausted.push(fi, f);
+            let handed = p.exhausted.push(fi);
+            // `discovered` reserved its bit before switching any of its
+            // probes on.
+            debug_assert!(handed, "function {fi} has no exhausted bit");
         } else if switched_off && reopened(f) && crate::activate(id, on_entry).is_ok() {
             toggled += 1;
         }
@@ -600,6 +608,9 @@ fn discovered(m: &ProbeMeta) {
                     return;
                 };
                 map.insert(m.function, fi);
+                // Before any of its probes is on, so before its quota can
+                // fill (see `Exhausted::push`).
+                p.exhausted.reserve(fi);
                 if let Some(f) = p.funcs.get(fi) {
                     f.end.store(function_end(m.function), Ordering::Release);
                 }
@@ -731,17 +742,10 @@ const BATCH: usize = 1024;
 fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool) {
     let now = tsc::now();
     let mut toggles = 0;
-    // Each function's link is read (the iterator moves past it) before its
-    // window reopens (see `Exhausted`).
-    let mut taken = p.exhausted.take(|i| p.funcs.get(i));
+    let mut taken = p.exhausted.take(p.funcs.len());
     loop {
         due.clear();
-        while due.len() < due.capacity() {
-            match taken.next() {
-                Some(i) => due.push(i),
-                None => break,
-            }
-        }
+        due.extend(taken.by_ref().take(due.capacity()));
         if due.is_empty() {
             break;
         }
