@@ -964,6 +964,7 @@ pub(crate) fn write_reports(on_demand: bool) {
     }
     let began = Instant::now();
     let r = report::collect(p);
+    crate::log::debug(format_args!("profile: report collected in {:?}", began.elapsed()));
     let written = report::write_all(&r, &p.out);
     crate::log::debug(format_args!(
         "profile: report collected and written in {:?}",

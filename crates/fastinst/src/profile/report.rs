@@ -910,6 +910,7 @@ pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     // the JSON in ~500,000 small pieces, each then a call through a vtable
     // where it could be an inlined copy into the buffer.
     type Out = std::io::BufWriter<std::fs::File>;
+    let mut last = std::time::Instant::now();
     let mut put = |p: PathBuf, write: &mut dyn FnMut(&mut Out) -> std::io::Result<()>| {
         let tmp = p.with_extension("tmp");
         let mut file = std::io::BufWriter::with_capacity(1 << 16, std::fs::File::create(&tmp)?);
@@ -919,6 +920,9 @@ pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
             return Err(e);
         }
         std::fs::rename(&tmp, &p)?;
+        let now = std::time::Instant::now();
+        crate::log::debug(format_args!("profile: {} written in {:?}", p.display(), now - last));
+        last = now;
         out.push(p);
         Ok::<(), std::io::Error>(())
     };
