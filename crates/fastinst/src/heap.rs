@@ -501,13 +501,18 @@ mod tests {
 
     /// Large blocks made, grown and freed by several threads at once: each
     /// live block stays listed as this heap's. Before the large-block list
-    /// was changed only under the lock, a `realloc` that moved its block
-    /// stored the new address into its old slot after a `dealloc` elsewhere
-    /// had cleared that slot (matching the moved block's stale address, the
-    /// same one `mmap` had just given out again) and an `alloc` had taken
-    /// it: a live block fell off the list, and its free went to `malloc`
-    /// (`free(): invalid pointer`, or SIGSEGV; seen in 8 of 50 runs of this
-    /// crate's unit tests beside a busy CPU).
+    /// was changed only under the lock, a live block could fall off it and
+    /// its free go to `malloc` (`free(): invalid pointer`, or SIGSEGV, in 8
+    /// of 50 runs of this crate's unit tests beside a busy CPU, always in
+    /// two flame-graph tests growing large strings at once; 0 of 80 since).
+    /// The path read from the code: a `realloc` that moved its block stored
+    /// the new address into its slot only after `mremap` returned, and in
+    /// between (a preemption on the way back from the syscall is enough) the
+    /// slot listed an address `mmap` could hand out again; a free of that
+    /// new block found the stale slot first, cleared it, an `alloc` took it,
+    /// and the `realloc` then overwrote it. This stress did not make the
+    /// race happen on its own here (30 runs beside a busy CPU); it guards
+    /// the list's invariant.
     #[test]
     fn large_blocks_stay_listed_while_threads_grow_and_free_them() {
         let s = state();

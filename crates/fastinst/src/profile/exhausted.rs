@@ -25,7 +25,9 @@
 //! and never twice for one push. A function is pushed once per window (the
 //! call that makes its count exactly K), and only the sampler reopens
 //! windows, after its take cleared the bit, so no push of a reopened
-//! window can be swallowed by the take that reopens it.
+//! window can be swallowed by the take that reopens it. A take is an
+//! iterator that swaps each word as it reaches it; dropped before its end,
+//! it puts back what it swapped out and did not hand over.
 
 use crate::segmented::{SEG, SEG_BITS};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
