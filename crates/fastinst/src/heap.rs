@@ -511,7 +511,8 @@ mod tests {
     /// slot listed an address `mmap` could hand out again; a free of that
     /// new block found the stale slot first, cleared it, an `alloc` took it,
     /// and the `realloc` then overwrote it. This stress did not make the
-    /// race happen on its own here (30 runs beside a busy CPU); it guards
+    /// race happen on its own here (50 runs on the old heap beside a busy
+    /// CPU); it guards
     /// the list's invariant.
     #[test]
     fn large_blocks_stay_listed_while_threads_grow_and_free_them() {
