@@ -512,8 +512,7 @@ mod tests {
     /// new block found the stale slot first, cleared it, an `alloc` took it,
     /// and the `realloc` then overwrote it. This stress did not make the
     /// race happen on its own here (50 runs on the old heap beside a busy
-    /// CPU); it guards
-    /// the list's invariant.
+    /// CPU); it guards the list's invariant.
     #[test]
     fn large_blocks_stay_listed_while_threads_grow_and_free_them() {
         let s = state();
