@@ -132,25 +132,6 @@ impl State {
         }
     }
 
-    /// Publishes the size of the function starting at `f` in the site
-    /// table ([`key::extent`]) if its symbol gives one and it is not there
-    /// yet: a lock-free lookup for the profiler's handlers and sampler,
-    /// which may not take the discovery lock.
-    pub(crate) fn publish_extent(&self, f: u64) {
-        if sitetable::get(key::extent(f)).is_some() {
-            return;
-        }
-        let size = self
-            .modules
-            .find(f)
-            .and_then(|m| m.function(f))
-            .filter(|s| s.start == f)
-            .and_then(|s| u32::try_from(s.end() - f).ok());
-        if let Some(size) = size {
-            sitetable::insert(key::extent(f), size);
-        }
-    }
-
     /// Whether the hook site at `site`, whose `this_fn` is `f`, lies in a
     /// copy of `f` inlined into another function ([`ProbeMeta::inlined`]):
     /// the symbol holding it is neither `f` nor a part of `f` (a symbol
@@ -168,24 +149,49 @@ impl State {
         }
     }
 
-    pub(crate) fn name_of(&mut self, f: u64) -> &'static CStr {
-        if let Some(n) = self.names.get(&f) {
+    /// The name of the function starting at `f`, made once (empty without
+    /// a symbol), and its size published in the site table
+    /// ([`key::extent`]) where its symbol gives one: a lock-free lookup for
+    /// the profiler's handlers and sampler, which may not take the
+    /// discovery lock. One symbol lookup for both: a sled build's start-up
+    /// does both for every function, and the lookups were a sixth of its
+    /// sled registration.
+    pub(crate) fn name_and_extent(&mut self, f: u64) -> &'static CStr {
+        let named = self.names.get(&f).copied();
+        let published = sitetable::get(key::extent(f)).is_some();
+        if let (Some(n), true) = (named, published) {
             return n;
         }
-        let name = self
+        let func = self
             .modules
             .find(f)
             .and_then(|m| m.function(f))
-            .filter(|func| func.start == f)
-            .map(|func| func.name.clone())
+            .filter(|func| func.start == f);
+        if !published {
+            publish_extent_of(f, func);
+        }
+        if let Some(n) = named {
+            return n;
+        }
+        let name = func.map_or("", |func| func.name.as_str());
+        // Symbol names end at their NUL, so only a name from elsewhere
+        // needs its NULs taken out.
+        let c = CString::new(name)
+            .or_else(|_| CString::new(name.replace('\0', "")))
             .unwrap_or_default();
-        let c: &'static CStr = Box::leak(
-            CString::new(name.replace('\0', ""))
-                .unwrap_or_default()
-                .into_boxed_c_str(),
-        );
+        let c: &'static CStr = Box::leak(c.into_boxed_c_str());
         self.names.insert(f, c);
         c
+    }
+}
+
+/// Publishes the size of function `f` from its symbol `func` (found at `f`).
+fn publish_extent_of(f: u64, func: Option<&providers::elf::Function>) {
+    let size = func
+        .filter(|s| s.start == f)
+        .and_then(|s| u32::try_from(s.end() - f).ok());
+    if let Some(size) = size {
+        sitetable::insert(key::extent(f), size);
     }
 }
 
@@ -345,8 +351,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         ));
         return None;
     }
-    let name = s.name_of(this_fn);
-    s.publish_extent(this_fn);
+    let name = s.name_and_extent(this_fn);
     let module = site
         .and_then(|t| s.modules.find(t.addr))
         .or_else(|| s.modules.find(this_fn))

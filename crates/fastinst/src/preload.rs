@@ -75,6 +75,7 @@ extern "C" fn ctor() {
 static CTOR: extern "C" fn() = ctor;
 
 fn start() {
+    let began = wordpatch::tsc::now();
     if let Some(l) = env("FASTINST_LOG") {
         match log::parse_level(&l) {
             Some(l) => log::set_level(l),
@@ -142,8 +143,9 @@ fn start() {
         load_client(&client);
     }
     log::info(format_args!(
-        "started: tool {tool:?}, strategy {}",
-        crate::strategy().name()
+        "started: tool {tool:?}, strategy {}, in {} ticks",
+        crate::strategy().name(),
+        wordpatch::tsc::now().wrapping_sub(began)
     ));
 }
 

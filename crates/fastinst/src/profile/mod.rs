@@ -47,7 +47,6 @@ use local::with_local;
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
 use std::cell::UnsafeCell;
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -246,7 +245,7 @@ const FUNC_SEGMENTS: usize = 1024;
 pub(crate) struct Profiler {
     pub settings: Settings,
     pub funcs: Segmented<Func, FUNC_SEGMENTS>,
-    by_addr: Mutex<HashMap<usize, u32>>,
+    by_addr: Mutex<thread::FxMap<usize, u32>>,
     exhausted: Exhausted<FUNC_SEGMENTS>,
     /// Moves whenever a live frame's call path may have changed; see
     /// [`Shadow::path_end`] and [`paths_may_change`].
@@ -810,7 +809,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     let fresh = PROFILER.set(Profiler {
         settings,
         funcs: Segmented::new(),
-        by_addr: Mutex::new(HashMap::new()),
+        by_addr: Mutex::new(thread::FxMap::default()),
         exhausted: Exhausted::default(),
         path_epoch: AtomicU32::new(0),
         threads: Mutex::new(Vec::new()),
