@@ -83,12 +83,31 @@ impl Hist {
             .map(|c| c as *const u32)
     }
 
-    /// Adds `other`'s counts.
+    /// Adds `other`'s counts: the stored range widened once to cover
+    /// both, then the counts added line by line. (Adding them bucket by
+    /// bucket widened it an octave at a time, a reallocation each: merging
+    /// a thread's ~800 functions into empty totals took half a millisecond
+    /// of SQLite's report.)
     pub(crate) fn merge(&mut self, other: &Hist) {
-        for (i, &c) in other.counts.iter().enumerate() {
-            if c > 0 {
-                self.add_n(other.first + i, c);
-            }
+        if other.counts.is_empty() {
+            return;
+        }
+        if self.counts.is_empty() {
+            self.first = other.first;
+            self.counts.clone_from(&other.counts);
+            return;
+        }
+        let lo = self.first.min(other.first);
+        let hi = (self.first + self.counts.len()).max(other.first + other.counts.len());
+        if lo < self.first || hi > self.first + self.counts.len() {
+            let mut wider = vec![0; hi - lo];
+            wider[self.first - lo..][..self.counts.len()].copy_from_slice(&self.counts);
+            self.counts = wider;
+            self.first = lo;
+        }
+        let at = other.first - self.first;
+        for (c, &o) in self.counts[at..].iter_mut().zip(&other.counts) {
+            *c += o;
         }
     }
 
@@ -146,7 +165,19 @@ mod tests {
             }
             n += 1;
         }
+        // Into empty totals, as a report's first thread is; then the rest
+        // into them, wider on both sides or not.
+        let mut total = Hist::default();
+        total.merge(&other);
+        total.merge(&h);
         h.merge(&other);
+        assert_eq!((total.first, &total.counts), (h.first, &h.counts));
+        let mut narrow = Hist::default();
+        narrow.add(1 << 20);
+        let mut wide = total.clone();
+        wide.merge(&narrow);
+        narrow.merge(&total);
+        assert_eq!((wide.first, &wide.counts), (narrow.first, &narrow.counts));
         let dense_pct = |q: f64| {
             let target = ((n as f64 - 1.0) * q).round() as u64;
             let mut seen = 0u64;
