@@ -1,5 +1,5 @@
 //! `fastinst-cachesim`: the sleds' NOPs and the runtime's indirect cost on
-//! Table 3's programs, counted by Valgrind's cachegrind (see
+//! Table 3's programs, counted by Valgrind's callgrind (see
 //! `fastinst_benches::cachesim`).
 
 use fastinst_benches::cachesim::{self, Counts, Sides};
@@ -19,9 +19,11 @@ const USAGE: &str = concat!(
     "\
 usage: fastinst-cachesim [options]
 
-Runs Table 3's programs under Valgrind's cachegrind (plain build, every
-probe off, profiler) and compares the program's own instructions and cache
-misses between them: the sleds' NOPs (floor over plain) and the runtime's
+Runs Table 3's programs under Valgrind's callgrind with its cache
+simulation (plain build, every probe off, profiler) and compares the
+program's own instructions and cache misses between them (the C library's
+string and allocator functions count as the runtime's where the runtime
+called them, as fastinst-shares counts them): the sleds' NOPs (floor over plain) and the runtime's
 indirect cost (profile over floor), which CPU samples cannot see and runs
 on a noisy machine cannot resolve. Counts become cycles by KCachegrind's
 estimate (Ir + 10 L1 misses + 100 LL misses). The profiler's epoch is
@@ -108,13 +110,13 @@ impl Row {
     /// The sleds' NOPs and the instrumented code's other differences:
     /// the program's side, floor over plain, % of plain.
     fn nops_pct(&self) -> f64 {
-        (self.floor.sides.program - self.plain.sides.program).pct_of(&self.plain.sides.program)
+        (self.floor.sides.program_own() - self.plain.sides.program_own()).pct_of(&self.plain.sides.program_own())
     }
 
     /// The runtime's indirect cost: the program's side, profile over
     /// floor, % of the baseline of the build's target.
     fn indirect_pct(&self) -> f64 {
-        (self.profile.sides.program - self.floor.sides.program).pct_of(self.base())
+        (self.profile.sides.program_own() - self.floor.sides.program_own()).pct_of(&self.base())
     }
 
     /// [`Row::indirect_pct`] at the native run's sampling rate: the
@@ -132,16 +134,23 @@ impl Row {
     /// The runtime's own code in the profiled run, % of the baseline (the
     /// simulator's view of what `fastinst-shares` measures; no kernel time).
     fn runtime_pct(&self) -> f64 {
-        (self.profile.sides.runtime - Counts::default()).pct_of(self.base())
+        (self.profile.sides.runtime - Counts::default()).pct_of(&self.base())
+    }
+
+    /// The C library's leaf functions the runtime called in the profiled
+    /// run ([`Sides::runtime_calls`]), % of the baseline: taken off the
+    /// program's side, as `fastinst-shares` charges them to the runtime.
+    fn runtime_calls_pct(&self) -> f64 {
+        (self.profile.sides.runtime_calls - Counts::default()).pct_of(&self.base())
     }
 
     /// What the build's target compares against: the plain build for sled
     /// builds, the floor for `-finstrument-functions` builds.
-    fn base(&self) -> &Counts {
+    fn base(&self) -> Counts {
         if self.is_sled() {
-            &self.plain.sides.program
+            self.plain.sides.program_own()
         } else {
-            &self.floor.sides.program
+            self.floor.sides.program_own()
         }
     }
 }
@@ -168,17 +177,17 @@ fn samples_in(stderr: &str) -> Option<u64> {
     rest.split_once(" samples)")?.0.parse().ok()
 }
 
-/// Runs `bin args` under cachegrind with `env` added.
+/// Runs `bin args` under callgrind with `env` added.
 fn simulate(bin: &Path, args: &[String], env: &[(String, String)], out: &Path) -> Result<Simulated> {
     let _ = std::fs::remove_dir_all(out);
     std::fs::create_dir_all(out).map_err(|source| EvalError::Io {
         path: out.to_path_buf(),
         source,
     })?;
-    let counts = out.join("cachegrind.out");
+    let counts = out.join("callgrind.out");
     let mut cmd = Command::new("valgrind");
     cmd.args([
-        "--tool=cachegrind",
+        "--tool=callgrind",
         "--cache-sim=yes",
         // The runtime rewrites code the program runs.
         "--smc-check=all",
@@ -186,7 +195,7 @@ fn simulate(bin: &Path, args: &[String], env: &[(String, String)], out: &Path) -
         "--D1=32768,8,64",
         "--LL=1048576,8,64",
     ])
-    .arg(format!("--cachegrind-out-file={}", counts.display()))
+    .arg(format!("--callgrind-out-file={}", counts.display()))
     .arg(bin)
     .args(args)
     .stdout(Stdio::null())
@@ -200,7 +209,7 @@ fn simulate(bin: &Path, args: &[String], env: &[(String, String)], out: &Path) -
     let stderr = String::from_utf8_lossy(&o.stderr);
     if !o.status.success() {
         return Err(EvalError::WrongResult(format!(
-            "{} under cachegrind: {}\n{}",
+            "{} under callgrind: {}\n{}",
             bin.display(),
             o.status,
             stderr.lines().rev().take(20).collect::<Vec<_>>().join("\n")
@@ -360,7 +369,7 @@ fn run(a: Args) -> Result<()> {
     }
     let saved = Saved {
         header: format!(
-            "Cachegrind counts (I1 and D1 32 KiB 8-way, LL 1 MiB 8-way, 64-byte lines; cycles estimated as Ir + 10 L1m + 100 LLm), library {}, {}.",
+            "Callgrind's cache simulation (I1 and D1 32 KiB 8-way, LL 1 MiB 8-way, 64-byte lines; cycles estimated as Ir + 10 L1m + 100 LLm), library {}, {}.",
             lib.display(),
             fastinst_benches::provenance("fastinst-cachesim")
         ),
@@ -380,21 +389,21 @@ fn millions(n: u64) -> String {
 fn render(saved: &Saved, shares: Option<&SharesRun>) -> String {
     let rows = &saved.rows;
     let mut s = format!("{}\n\n", saved.header);
-    s.push_str("| program | build | slowdown under Valgrind | samples native / simulated | program instructions plain / floor / profile | program L1 misses plain / floor / profile | program LL misses plain / floor / profile | NOPs etc. (floor over plain) | indirect (profile over floor) | indirect at the native rate | runtime's own code |\n");
-    s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str("| program | build | slowdown under Valgrind | samples native / simulated | program instructions plain / floor / profile | program L1 misses plain / floor / profile | program LL misses plain / floor / profile | NOPs etc. (floor over plain) | indirect (profile over floor) | indirect at the native rate | runtime's own code | C library under the runtime |\n");
+    s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in rows {
         let three = |f: fn(&Counts) -> u64| {
             format!(
                 "{} / {} / {}",
-                millions(f(&r.plain.sides.program)),
-                millions(f(&r.floor.sides.program)),
-                millions(f(&r.profile.sides.program))
+                millions(f(&r.plain.sides.program_own())),
+                millions(f(&r.floor.sides.program_own())),
+                millions(f(&r.profile.sides.program_own()))
             )
         };
         let samples = |n: Option<u64>| n.map_or("?".to_string(), |n| n.to_string());
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0}x | {} / {} | {} | {} | {} | {:+.2}% | {:+.2}% | {:+.2}% | {:+.2}% |",
+            "| {} | {} | {:.0}x | {} / {} | {} | {} | {} | {:+.2}% | {:+.2}% | {:+.2}% | {:+.2}% | {:.2}% |",
             r.program,
             r.build,
             r.slowdown,
@@ -407,9 +416,10 @@ fn render(saved: &Saved, shares: Option<&SharesRun>) -> String {
             r.indirect_pct(),
             r.indirect_at_native_rate_pct(),
             r.runtime_pct(),
+            r.runtime_calls_pct(),
         );
     }
-    s.push_str("\nPercentages are of the estimated cycles of the program's side of the build's baseline: the plain build for sled builds, the floor for `-finstrument-functions` builds (whose NOPs-etc. column is then the hooks' argument set-up and calls with every probe off, not part of the target).\n");
+    s.push_str("\nPercentages are of the estimated cycles of the program's side of the build's baseline: the plain build for sled builds, the floor for `-finstrument-functions` builds (whose NOPs-etc. column is then the hooks' argument set-up and calls with every probe off, not part of the target). The program's side leaves out the C library's string and allocator functions where the runtime called them (last column; `fastinst-shares` charges them to the runtime's direct cost); runs recorded before that was counted show 0.00% there and count them on the program's side.\n");
     let Some(shares) = shares else { return s };
     s.push_str(&format!(
         "\nEstimated slowdown against each target's baseline: the direct cost measured by CPU samples (`fastinst-shares`: {}) plus, from the counts above, the indirect cost (at the native sampling rate) and, for sled builds, the NOPs and the rest of what the sled build's code does differently.\n\n",
