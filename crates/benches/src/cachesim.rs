@@ -192,6 +192,18 @@ pub fn is_leaf_library_function(name: &str) -> bool {
     base.starts_with("mem") || base.starts_with("str") || base == "tls_get_addr" || ALLOCATOR.contains(&base)
 }
 
+/// Whether the object file at `path` is the C library or the dynamic
+/// loader (`libc.so.6`, `ld-linux-x86-64.so.2`). The program's own
+/// functions may carry such names (QuickJS's `string_buffer_*`), and the
+/// runtime's return trampolines show in callgrind as calls from the
+/// runtime into them.
+pub fn is_c_library_object(path: &str) -> bool {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    ["libc.so", "libc-", "ld-linux", "ld-"]
+        .iter()
+        .any(|p| file.starts_with(p))
+}
+
 /// One of callgrind's compressed names (`(7) name` defines 7, `(7)` uses
 /// it) or a plain name.
 fn expand(spec: &str, table: &mut Vec<String>) -> Result<String> {
@@ -236,6 +248,8 @@ pub fn parse(text: &str) -> Result<Sides> {
     let mut runtime = false;
     let mut callee: Option<String> = None;
     let mut callee_file: Option<String> = None;
+    let mut object = String::new();
+    let mut callee_object: Option<String> = None;
     // What the next cost line is: the current function's own, a call's
     // inclusive cost, or positions only.
     enum Next {
@@ -259,9 +273,11 @@ pub fn parse(text: &str) -> Result<Sides> {
             expand(f, &mut files)?;
         } else if let Some(f) = line.strip_prefix("fn=") {
             runtime = is_runtime(&file, &expand(f, &mut fns)?);
-            (callee, callee_file) = (None, None);
-        } else if let Some(o) = line.strip_prefix("ob=").or_else(|| line.strip_prefix("cob=")) {
-            expand(o, &mut objects)?;
+            (callee, callee_file, callee_object) = (None, None, None);
+        } else if let Some(o) = line.strip_prefix("ob=") {
+            object = expand(o, &mut objects)?;
+        } else if let Some(o) = line.strip_prefix("cob=") {
+            callee_object = Some(expand(o, &mut objects)?);
         } else if let Some(f) = line.strip_prefix("cfi=").or_else(|| line.strip_prefix("cfl=")) {
             callee_file = Some(expand(f, &mut files)?);
         } else if let Some(f) = line.strip_prefix("cfn=") {
@@ -292,7 +308,12 @@ pub fn parse(text: &str) -> Result<Sides> {
                 Next::Call => {
                     let to = callee.as_deref().unwrap_or("");
                     let to_file = callee_file.take().unwrap_or_else(|| file.clone());
-                    if runtime && !is_runtime(&to_file, to) && is_leaf_library_function(to) {
+                    let to_object = callee_object.take().unwrap_or_else(|| object.clone());
+                    if runtime
+                        && !is_runtime(&to_file, to)
+                        && is_c_library_object(&to_object)
+                        && is_leaf_library_function(to)
+                    {
                         sides.runtime_calls = sides.runtime_calls + c;
                     }
                 }
@@ -356,6 +377,11 @@ cfl=(4) ./elf/dl-iteratephdr.c
 cfn=(4) dl_iterate_phdr
 calls=1 0
 * 30 0 0 0 0 0 0 0 0
+cob=(1)
+cfl=(1)
+cfn=(7) string_buffer_putc'2
+calls=1 0
+* 70 0 0 3 0 0 0 0 0
 
 ob=(3)
 fl=(3)
@@ -395,8 +421,9 @@ fe=(3)
     }
 
     /// The runtime's call of `malloc` is counted as the runtime's; its
-    /// call of `dl_iterate_phdr` (which calls back) and the program's call
-    /// of the runtime are not.
+    /// call of `dl_iterate_phdr` (which calls back), its return trampoline
+    /// seen as a call of a program function named like a string function,
+    /// and the program's call of the runtime are not.
     #[test]
     fn the_runtimes_calls_of_leaf_library_functions_are_told_apart() {
         let s = parse(OUT).unwrap();
@@ -426,6 +453,21 @@ fe=(3)
         }
         for f in ["dl_iterate_phdr", "qsort", "pthread_create", "write", "JS_CallInternal"] {
             assert!(!is_leaf_library_function(f), "{f}");
+        }
+        for o in [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/ld-linux-x86-64.so.2",
+            "libc-2.31.so",
+        ] {
+            assert!(is_c_library_object(o), "{o}");
+        }
+        for o in [
+            "/w/bin/quickjs",
+            "/w/target/release/libfastinst.so",
+            "/usr/lib/libcrypto.so.3",
+            "???",
+        ] {
+            assert!(!is_c_library_object(o), "{o}");
         }
     }
 

@@ -409,7 +409,7 @@ mod tests {
     fn normalises_sleds_at_every_offset_in_a_line() {
         let page = nop_page();
         for off in 0..64usize {
-            let at = 64 + 8 * 64 + off;
+            let at = 512 + off;
             let sled = &page[at..at + SLED_LEN];
             assert_eq!(sled, &[0x90; SLED_LEN]);
             normalise(sled.as_ptr() as u64).unwrap_or_else(|e| panic!("offset {off}: {e}"));
@@ -429,6 +429,7 @@ mod tests {
             let before = page[off..off + SLED_LEN].to_vec();
             let e = normalise(page[off..].as_ptr() as u64).expect_err("a changed byte");
             assert!(e.contains("cc"), "offset {off}, byte {k}: {e}");
+            assert_eq!(page[off + k], 0xcc, "offset {off}, byte {k}");
             if !wordpatch::is_straddler(page[off..].as_ptr() as usize, SLED_LEN - 1) {
                 assert_eq!(page[off..off + SLED_LEN], before[..], "offset {off}, byte {k}");
             }
