@@ -6,11 +6,28 @@
 //! after `dlclose`. Reading the ELF files allocates; it happens at start-up
 //! and in discovery, never on the hook fast path. The runtime's own shared
 //! library is listed (its segments) but its symbols are not read.
+//!
+//! A module's sled table is read when the module is first seen, and its
+//! symbols too when it has sleds (registration names every sled's
+//! function). The others (the C library, the loader, `libm`: usually no
+//! probe sites at all) answer their first few look-ups by a pass over the
+//! file's symbols each ([`SymbolTable::function_at`]), from the mapping
+//! kept since (a file replaced on disk meanwhile cannot give the wrong
+//! names), and build their table only when asked more often: a module with
+//! probe sites is asked once per site. Reading every module's table at
+//! start-up was a seventh of a sled build's start-up (QuickJS, SQLite:
+//! ~0.5 ms, mostly the C library's ~3,000 names, one allocation each), for
+//! a report that names one function there, the caller of `main`.
 
+use parking_lot::Mutex;
 use providers::elf::{Function, SymbolTable};
 use providers::Memory;
 use std::ffi::CStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// Look-ups a module answers by a pass over its symbols each before it
+/// builds its table.
+const SCANS: usize = 8;
 
 /// One loaded module.
 #[derive(Debug)]
@@ -22,8 +39,14 @@ pub struct Module {
     /// Readable PT_LOAD ranges `[start, end)` (page-rounded), with whether
     /// each is executable.
     pub segments: Vec<(u64, u64, bool)>,
-    /// Function symbols at run-time addresses.
-    pub symbols: SymbolTable,
+    /// Function symbols at run-time addresses, read on first use
+    /// ([`Module::symbols`]).
+    symbols: OnceLock<SymbolTable>,
+    /// The module file, mapped (`None`: no symbols to read).
+    file: Option<memmap2::Mmap>,
+    /// Look-ups answered before the table was built, by address; their
+    /// functions are leaked (at most [`SCANS`] per module).
+    scanned: Mutex<Vec<(u64, Option<&'static Function>)>>,
     /// Run-time addresses its `__patchable_function_entries` table records
     /// (the `-fpatchable-function-entry` sleds), in table order.
     pub sleds: Vec<u64>,
@@ -40,7 +63,35 @@ impl Module {
 
     /// The function containing `addr`.
     pub fn function(&self, addr: u64) -> Option<&Function> {
-        self.symbols.containing(addr)
+        if let Some(t) = self.symbols.get() {
+            return t.containing(addr);
+        }
+        let bytes = self.file.as_ref()?;
+        let mut scanned = self.scanned.lock();
+        if let Some(&(_, f)) = scanned.iter().find(|(a, _)| *a == addr) {
+            return f;
+        }
+        if scanned.len() >= SCANS {
+            drop(scanned);
+            return self.symbols().containing(addr);
+        }
+        let found = providers::sections::Sections::parse(bytes)
+            .and_then(|sections| SymbolTable::function_at(&sections, bytes, self.bias, addr))
+            .unwrap_or_else(|e| {
+                crate::log::warn(format_args!("no symbols for {}: {e}", self.path));
+                None
+            });
+        let f = found.map(|f| &*Box::leak(Box::new(f)));
+        scanned.push((addr, f));
+        f
+    }
+
+    /// Its function symbols at run-time addresses (read now if not yet).
+    pub fn symbols(&self) -> &SymbolTable {
+        self.symbols.get_or_init(|| match &self.file {
+            Some(bytes) => read_symbols(&self.path, bytes, self.bias),
+            None => SymbolTable::default(),
+        })
     }
 }
 
@@ -117,12 +168,11 @@ fn scan() -> Vec<Seen> {
     out
 }
 
-/// The function symbols and the sled table of the module file at `path`.
-///
-/// The file is mapped, not read: only the pages holding the ELF headers,
-/// the symbol and string tables and the sled table are touched, which for a
-/// library with debug information is a small part of it.
-fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
+/// The module file at `path`, mapped, and its sled table at run-time
+/// addresses. The file is mapped, not read: only the pages holding the ELF
+/// headers, the section headers and the sled table are touched now, and the
+/// symbol and string tables when [`Module::symbols`] reads them.
+fn read_module(path: &str, bias: u64) -> (Option<memmap2::Mmap>, Vec<u64>) {
     let file = if path.is_empty() { "/proc/self/exe" } else { path };
     if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
         return Default::default();
@@ -140,22 +190,32 @@ fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
             return Default::default();
         }
     };
-    let sections = match providers::sections::Sections::parse(&bytes) {
+    let sleds = match providers::sections::Sections::parse(&bytes) {
+        Ok(sections) => providers::patchable::table(&sections)
+            .into_iter()
+            .map(|a| a.wrapping_add(bias))
+            .collect(),
+        // Said again, with the file's name, if its symbols are ever read.
+        Err(_) => Vec::new(),
+    };
+    (Some(bytes), sleds)
+}
+
+/// The function symbols of module file `bytes` (named `path` in warnings)
+/// at run-time addresses.
+fn read_symbols(path: &str, bytes: &[u8], bias: u64) -> SymbolTable {
+    let file = if path.is_empty() { "/proc/self/exe" } else { path };
+    let sections = match providers::sections::Sections::parse(bytes) {
         Ok(s) => s,
         Err(e) => {
             crate::log::warn(format_args!("no symbols for {file}: {e}"));
-            return Default::default();
+            return SymbolTable::default();
         }
     };
-    let symbols = SymbolTable::from_sections(&sections, &bytes, bias).unwrap_or_else(|e| {
+    SymbolTable::from_sections(&sections, bytes, bias).unwrap_or_else(|e| {
         crate::log::warn(format_args!("no symbols for {file}: {e}"));
         SymbolTable::default()
-    });
-    let sleds = providers::patchable::table(&sections)
-        .into_iter()
-        .map(|a| a.wrapping_add(bias))
-        .collect();
-    (symbols, sleds)
+    })
 }
 
 /// Whether `s` is the shared library this runtime is part of
@@ -164,7 +224,7 @@ fn read_module(path: &str, bias: u64) -> (SymbolTable, Vec<u64>) {
 /// names, each demangled) was the largest part of start-up. The runtime
 /// linked into an executable is not skipped: the executable has sites.
 fn is_runtime_library(s: &Seen) -> bool {
-    let here = read_module as fn(&str, u64) -> (SymbolTable, Vec<u64>) as usize as u64;
+    let here = read_module as fn(&str, u64) -> (Option<memmap2::Mmap>, Vec<u64>) as usize as u64;
     !s.path.is_empty() && s.segments.iter().any(|&(a, b, _)| here >= a && here < b)
 }
 
@@ -192,19 +252,26 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             loaded.push(m.clone());
             continue;
         }
-        let (symbols, sleds) = if is_runtime_library(&s) {
+        let (file, sleds) = if is_runtime_library(&s) {
             Default::default()
         } else {
             read_module(&s.path, s.bias)
         };
-        loaded.push(Arc::new(Module {
+        let m = Module {
             path,
             bias: s.bias,
             segments: s.segments,
-            symbols,
+            symbols: OnceLock::new(),
+            file,
+            scanned: Mutex::new(Vec::new()),
             sleds,
             index: *next_index,
-        }));
+        };
+        if !m.sleds.is_empty() {
+            // Registration names every sled's function right away.
+            m.symbols();
+        }
+        loaded.push(Arc::new(m));
         *next_index += 1;
     }
     let gone = old
@@ -243,5 +310,43 @@ impl Memory for LiveMemory<'_> {
 
     fn patched_len(&self, addr: u64) -> Option<usize> {
         crate::sitetable::get(crate::sitetable::key::patched(addr)).map(|v| v as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_module_without_sleds_reads_its_symbols_only_when_asked_often() {
+        let (mods, _) = rescan(&Modules::default(), &mut 0);
+        // Not an IFUNC like `strlen`, whose address is an unnamed variant.
+        let qsort = libc::qsort as *const () as u64;
+        let libc = mods.find(qsort).expect("the C library is loaded");
+        assert!(libc.sleds.is_empty());
+        assert!(libc.symbols.get().is_none(), "read before use");
+        let f = libc.function(qsort).expect("qsort has a symbol");
+        assert!(f.name.contains("qsort"), "{}", f.name);
+        assert_eq!(libc.function(qsort), Some(f), "asked again");
+        // Other functions, from the file's own table: the first SCANS
+        // distinct look-ups scan, the next builds the table.
+        let file = std::fs::read(&libc.path).unwrap();
+        let table = SymbolTable::from_elf(&file, libc.bias).unwrap();
+        let others: Vec<&Function> = table
+            .iter()
+            .filter(|g| g.start != f.start)
+            .step_by(97)
+            .take(SCANS)
+            .collect();
+        for (k, g) in others.iter().enumerate() {
+            assert!(libc.symbols.get().is_none(), "built after {} look-ups", k + 1);
+            assert_eq!(libc.function(g.start + g.size / 2), Some(*g));
+        }
+        assert!(
+            libc.symbols.get().is_some(),
+            "still not built after {} look-ups",
+            SCANS + 1
+        );
+        assert_eq!(libc.function(qsort), Some(f));
     }
 }

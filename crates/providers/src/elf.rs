@@ -40,7 +40,8 @@ pub struct SymbolTable {
 impl SymbolTable {
     /// The defined function symbols of `.symtab` and `.dynsym`, moved by
     /// `bias` (the module's load bias; 0 for a non-PIE executable). One name
-    /// per address: `.symtab` first, then global before local.
+    /// per address: `.symtab` first, then global before local, then the
+    /// first in the file.
     pub fn from_elf(bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
         Self::from_sections(&Sections::parse(bytes)?, bytes, bias)
     }
@@ -50,39 +51,19 @@ impl SymbolTable {
     /// which finds its dynamic symbols through the dynamic segment.
     pub fn from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
         let mut funcs: Vec<(Function, u8)> = Vec::new();
-        let mut add = |s: &sym::Sym, name: Option<std::borrow::Cow<str>>, rank: u8| {
-            if s.st_type() != sym::STT_FUNC && s.st_type() != sym::STT_GNU_IFUNC {
-                return;
-            }
-            if s.st_shndx == 0 || s.st_value == 0 {
-                return;
-            }
-            let Some(name) = name else { return };
+        each_function(sections, bytes, bias, |start, size, name, rank| {
             funcs.push((
                 Function {
-                    start: s.st_value.wrapping_add(bias),
-                    size: s.st_size,
+                    start,
+                    size,
                     name: name.into_owned(),
                 },
-                rank + u8::from(s.st_bind() == sym::STB_LOCAL),
-            ));
-        };
-        if sections.is_empty() {
-            let elf = Elf::parse(bytes)?;
-            for (syms, strs, rank) in [(&elf.syms, &elf.strtab, 0u8), (&elf.dynsyms, &elf.dynstrtab, 2u8)] {
-                for s in syms.iter() {
-                    add(&s, strs.get_at(s.st_name).map(Into::into), rank);
-                }
-            }
-        } else {
-            for t in sections.symbol_tables() {
-                let rank = if t.kind == SHT_SYMTAB { 0 } else { 2 };
-                for s in t.symbols.iter() {
-                    add(&s, t.name(s.st_name), rank);
-                }
-            }
-        }
-        funcs.sort_unstable_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
+                rank,
+            ))
+        })?;
+        // Stable: of the names at one start and rank (code folded by the
+        // linker), the first in the file is kept, as `function_at` keeps it.
+        funcs.sort_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
         funcs.dedup_by(|later, first| later.0.start == first.0.start);
         Ok(SymbolTable {
             funcs: funcs
@@ -95,6 +76,38 @@ impl SymbolTable {
                 })
                 .collect(),
         })
+    }
+
+    /// The function containing `addr`, exactly as
+    /// `from_sections(sections, bytes, bias)?.containing(addr)` finds it,
+    /// by one pass over the symbols that copies only the name it returns:
+    /// for a module asked about one or two addresses (the C library, which
+    /// holds the caller of `main`), building its whole table (thousands
+    /// of names, each a copy) cost more than everything else asked of it.
+    pub fn function_at(sections: &Sections, bytes: &[u8], bias: u64, addr: u64) -> Result<Option<Function>, ElfError> {
+        // (start, rank, size, name) of the best candidate so far: the
+        // highest start at or below `addr`, and of those the lowest rank
+        // (the one `from_sections` keeps).
+        let mut best: Option<(u64, u8, u64, std::borrow::Cow<str>)> = None;
+        each_function(sections, bytes, bias, |start, size, name, rank| {
+            if start > addr {
+                return;
+            }
+            if best
+                .as_ref()
+                .is_none_or(|b| start > b.0 || (start == b.0 && rank < b.1))
+            {
+                best = Some((start, rank, size, name));
+            }
+        })?;
+        Ok(best.and_then(|(start, _, size, name)| {
+            let f = Function {
+                start,
+                size,
+                name: demangled(&name).unwrap_or_else(|| name.into_owned()),
+            };
+            (addr == f.start || addr < f.end()).then_some(f)
+        }))
     }
 
     /// A table of the given functions (for tests and other providers).
@@ -129,6 +142,49 @@ impl SymbolTable {
     pub fn iter(&self) -> impl Iterator<Item = &Function> {
         self.funcs.iter()
     }
+}
+
+/// Calls `visit(start, size, name, rank)` for each defined function symbol
+/// of `.symtab` and `.dynsym`, its start moved by `bias`. `rank` orders the
+/// symbols that share a start, lowest first: `.symtab` before `.dynsym`,
+/// global before local.
+fn each_function<'a>(
+    sections: &Sections<'a>,
+    bytes: &'a [u8],
+    bias: u64,
+    mut visit: impl FnMut(u64, u64, std::borrow::Cow<'a, str>, u8),
+) -> Result<(), ElfError> {
+    let mut add = |s: &sym::Sym, name: Option<std::borrow::Cow<'a, str>>, rank: u8| {
+        if s.st_type() != sym::STT_FUNC && s.st_type() != sym::STT_GNU_IFUNC {
+            return;
+        }
+        if s.st_shndx == 0 || s.st_value == 0 {
+            return;
+        }
+        let Some(name) = name else { return };
+        visit(
+            s.st_value.wrapping_add(bias),
+            s.st_size,
+            name,
+            rank + u8::from(s.st_bind() == sym::STB_LOCAL),
+        );
+    };
+    if sections.is_empty() {
+        let elf = Elf::parse(bytes)?;
+        for (syms, strs, rank) in [(&elf.syms, &elf.strtab, 0u8), (&elf.dynsyms, &elf.dynstrtab, 2u8)] {
+            for s in syms.iter() {
+                add(&s, strs.get_at(s.st_name).map(Into::into), rank);
+            }
+        }
+    } else {
+        for t in sections.symbol_tables() {
+            let rank = if t.kind == SHT_SYMTAB { 0 } else { 2 };
+            for s in t.symbols.iter() {
+                add(&s, t.name(s.st_name), rank);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Demangles a C++ (Itanium) or Rust (legacy or v0) symbol; other names are
@@ -203,5 +259,41 @@ mod tests {
             "{} functions",
             t.len()
         );
+    }
+
+    #[test]
+    fn one_lookup_finds_what_the_table_finds() {
+        // This test binary (thousands of Rust functions, demangled) and the
+        // C library (IFUNCs, aliases at one address, `.dynsym` only).
+        let libc = std::fs::read_to_string("/proc/self/maps")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .filter_map(|l| l.split_whitespace().nth(5))
+                    .find(|p| p.contains("libc.so"))
+                    .map(String::from)
+            })
+            .expect("the C library is mapped");
+        for path in ["/proc/self/exe", libc.as_str()] {
+            let bytes = std::fs::read(path).unwrap();
+            let sections = Sections::parse(&bytes).unwrap();
+            let bias = 0x5555_0000_0000;
+            let t = SymbolTable::from_sections(&sections, &bytes, bias).unwrap();
+            assert!(t.len() > 500, "{path}: {} functions", t.len());
+            let mut probes = vec![0, bias, u64::MAX];
+            for f in t.iter().step_by(t.len() / 300) {
+                probes.extend([
+                    f.start - 1,
+                    f.start,
+                    f.start + f.size / 2,
+                    f.end().saturating_sub(1),
+                    f.end(),
+                ]);
+            }
+            for addr in probes {
+                let one = SymbolTable::function_at(&sections, &bytes, bias, addr).unwrap();
+                assert_eq!(one.as_ref(), t.containing(addr), "{path} at {addr:#x}");
+            }
+        }
     }
 }

@@ -182,7 +182,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         let mem = LiveMemory { modules: &s.modules };
         let mut seen = std::collections::HashSet::new();
         for &rec in &m.sleds {
-            let (entry, func) = patchable::entry_of(rec, &m.symbols);
+            let (entry, func) = patchable::entry_of(rec, m.symbols());
             sitetable::prepare(entry);
             if !seen.insert(entry) || sitetable::get(key::site(entry)).is_some() {
                 continue;
