@@ -17,33 +17,33 @@ const TOMBSTONE: u64 = 1;
 /// Key spaces: code addresses are below 2^47, so the top bits are free.
 pub(crate) mod key {
     /// A call site's return address (what the hook sees).
-    pub fn ret(addr: u64) -> u64 {
+    pub const fn ret(addr: u64) -> u64 {
         addr
     }
     /// The probe of function `f`'s `kind` hook where no return address
     /// locates it (a tail jump, an unrecognised site).
-    pub fn function(f: u64, kind: u8) -> u64 {
+    pub const fn function(f: u64, kind: u8) -> u64 {
         (1 << 62) | ((kind as u64) << 56) | f
     }
     /// Present when function `f` has more than one tail-jump exit: calls
     /// that find its tail probe switched off may come from its other tail
     /// sites, which no return address tells apart, so they are not taken
     /// for undiscovered sites (`hooks::undiscovered_call`).
-    pub fn tails_ambiguous(f: u64) -> u64 {
+    pub const fn tails_ambiguous(f: u64) -> u64 {
         (1 << 62) | (2 << 56) | f
     }
     /// The size of the function starting at `f`, from its symbol
     /// (published by discovery before any callback hears of its probes).
-    pub fn extent(f: u64) -> u64 {
+    pub const fn extent(f: u64) -> u64 {
         (1 << 62) | (3 << 56) | f
     }
     /// A site or rewritten instruction the runtime patches, by address;
     /// the value is its length (the decode overlay) or its probe id.
-    pub fn patched(addr: u64) -> u64 {
+    pub const fn patched(addr: u64) -> u64 {
         (2 << 62) | addr
     }
     /// A site's probe, by the site's address (dedupe).
-    pub fn site(addr: u64) -> u64 {
+    pub const fn site(addr: u64) -> u64 {
         (3 << 62) | addr
     }
 }
@@ -83,46 +83,78 @@ const WITHIN: u32 = 9;
 const ADDR: u64 = (1 << 56) - 1;
 
 /// A key's home slot. The keys of one code page share a block of 512
-/// slots placed by a Fibonacci hash of the page; inside it a key's home is
-/// its page offset / 8, turned by a quarter of the block per key space and
-/// by two slots per sub-kind (so a site's keys of several kinds do not
-/// contend for one home). Why not hash the whole key: start-up inserts
-/// thousands of keys, and a hash that scatters them touches a fresh page of
-/// this 16 MiB table (a page fault, about a microsecond) for most of them:
-/// 5,000 faults at SQLite's start with sled probes. Keyed by page, a code
-/// page's keys of every kind share two table pages (three before keys and
-/// values were interleaved); the block is placed by the address alone,
-/// never by the kind, or each kind would take pages of its own (it did:
-/// QuickJS's function extents doubled its start-up faults). A block holds
-/// a slot per 8 bytes of code, so even a page of tiny instrumented
-/// functions (a few hundred keys) fills about half of it; a key's probe
-/// sequence stays within a line or two, four slots to a line.
+/// slots placed by a Fibonacci hash of the page. Why not hash the whole
+/// key: start-up inserts thousands of keys, and a hash that scatters them
+/// touches a fresh page of this 16 MiB table (a page fault, about a
+/// microsecond) for most of them: 5,000 faults at SQLite's start with sled
+/// probes. Keyed by page, a code page's keys of every kind share one block
+/// (two table pages; three before keys and values were interleaved); the
+/// block is placed by the address alone, never by the kind, or each kind
+/// would take pages of its own (it did: QuickJS's function extents doubled
+/// its start-up faults).
+///
+/// Inside the block, the keys registration makes for every probe
+/// (`extent`, `patched`, `site`) live in its second page and the keys
+/// only `-finstrument-functions` hooks look up (`ret`, `function`,
+/// `tails_ambiguous`) in its first, so a sled build, which has none of the
+/// latter, touches one table page per code page, not two (its start-up
+/// faulted both in for ~1,500 sleds on SQLite's 250 code pages, a fifth of
+/// its registration). Inside its page a key's home is its page offset /
+/// 16, turned by a few dozen slots per kind (so a site's keys of several
+/// kinds do not contend for one home): a slot per 16 bytes of code and
+/// page, so even a page of tiny instrumented functions (a few hundred
+/// keys) fills about half of its block, as before; a key's probe sequence
+/// stays within a line or two, four slots to a line, and runs on into the
+/// next page where one is full.
 #[inline(always)]
 fn slot(k: u64) -> usize {
     let addr = k & ADDR;
     let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
     // k >> 55: the space times 128 plus the sub-kind times 2 (bit 55 of a
     // code address is 0), one shift on the hook's path.
-    let home = ((addr >> 3) as usize + (k >> 55) as usize) & ((1 << WITHIN) - 1);
-    (block << WITHIN) | home
+    let kind = (k >> 55) as usize;
+    let page = usize::from(kind >= REGISTRATION);
+    let home = ((addr >> 4) as usize + kind + (kind >> 1)) & (HALF - 1);
+    (block << WITHIN) | (page * HALF) | home
 }
 
+/// Slots per table page of a block.
+const HALF: usize = 1 << (WITHIN - 1);
+/// The first `k >> 55` of the keys registration makes (`extent`, then the
+/// `patched` and `site` spaces), which live in a block's second page.
+const REGISTRATION: usize = (key::extent(0) >> 55) as usize;
+const _: () = assert!(HALF * std::mem::size_of::<Slot>() == 4096);
+const _: () = assert!((key::tails_ambiguous(0) >> 55) < (key::extent(0) >> 55));
+const _: () = assert!((key::extent(0) >> 55) < (key::patched(0) >> 55));
+const _: () = assert!((key::patched(0) >> 55) < (key::site(0) >> 55));
+
 /// Faults in, for writing, the two table pages that hold the keys of code
-/// page `addr`. Start-up calls it before it looks up and inserts a
-/// code page's keys: a first read of an untouched page maps the shared
-/// zero page and the insert after it faults a second time to copy it, so
-/// reading first doubled the faults. A compare-exchange of 0 for 0 changes
-/// nothing, so it is safe beside concurrent readers and inserts, and it is
-/// a locked write whether or not it matches, so the kernel maps the page
-/// writable at once. (`fetch_or(0)` would not do: the compiler turns an
-/// idempotent relaxed read-modify-write into a plain load.)
+/// page `addr` ([`prepare_registration`]: the one page a sled needs).
+/// Start-up calls it before it looks up and inserts a code page's keys: a
+/// first read of an untouched page maps the shared zero page and the
+/// insert after it faults a second time to copy it, so reading first
+/// doubled the faults. A compare-exchange of 0 for 0 changes nothing, so
+/// it is safe beside concurrent readers and inserts, and it is a locked
+/// write whether or not it matches, so the kernel maps the page writable
+/// at once. (`fetch_or(0)` would not do: the compiler turns an idempotent
+/// relaxed read-modify-write into a plain load.)
 pub(crate) fn prepare(addr: u64) {
     let block = slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1);
-    for i in [block, block + (1 << WITHIN) / 2] {
-        let _ = TABLE.slots[i]
-            .key
-            .compare_exchange(EMPTY, EMPTY, Ordering::Relaxed, Ordering::Relaxed);
+    for i in [block, block + HALF] {
+        touch(i);
     }
+}
+
+/// [`prepare`] for the keys registration makes (`extent`, `patched`,
+/// `site`) alone: the block's second page.
+pub(crate) fn prepare_registration(addr: u64) {
+    touch((slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1)) + HALF);
+}
+
+fn touch(i: usize) {
+    let _ = TABLE.slots[i]
+        .key
+        .compare_exchange(EMPTY, EMPTY, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// The slot where a look-up of `k` starts.
@@ -245,6 +277,31 @@ mod tests {
             assert!(homes.iter().all(|h| h >> WITHIN == slot(page) >> WITHIN), "{homes:x?}");
         }
         assert_ne!(slot(page) >> WITHIN, slot(page + 0x1000) >> WITHIN);
+    }
+
+    #[test]
+    fn registration_keys_of_a_code_page_share_one_table_page() {
+        // A sled build registers only these three kinds; the hooks' kinds
+        // live in the block's other page.
+        let page = 0x5555_1234_5000u64;
+        let table_page = |k: u64| slot(k) / HALF;
+        let first = table_page(key::site(page));
+        for off in 0..0x1000u64 {
+            let a = page + off;
+            for k in [key::extent(a), key::patched(a), key::site(a)] {
+                assert_eq!(table_page(k), first, "{k:#x}");
+            }
+            for k in [
+                key::ret(a),
+                key::function(a, 0),
+                key::function(a, 1),
+                key::tails_ambiguous(a),
+            ] {
+                assert_eq!(table_page(k), first - 1, "{k:#x}");
+            }
+        }
+        // `prepare_registration` touches exactly that page.
+        assert_eq!((slot(page) & !((1 << WITHIN) - 1)) + HALF, first * HALF);
     }
 
     #[test]

@@ -183,7 +183,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         let mut seen = std::collections::HashSet::new();
         for &rec in &m.sleds {
             let (entry, func) = patchable::entry_of(rec, m.symbols());
-            sitetable::prepare(entry);
+            sitetable::prepare_registration(entry);
             if !seen.insert(entry) || sitetable::get(key::site(entry)).is_some() {
                 continue;
             }
