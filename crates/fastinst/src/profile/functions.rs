@@ -121,8 +121,10 @@ pub(crate) struct Func {
     /// calls entered while the entry probe was on, so it stays on for the
     /// whole run and is never switched off here.
     pub exits_follow_entry: AtomicBool,
-    /// Demangled name (may be empty).
-    pub name: String,
+    /// Demangled name (may be empty): the probe's own name where it is
+    /// UTF-8, which lives for the process (discovery leaks each name
+    /// once), not a copy of it per function.
+    pub name: std::borrow::Cow<'static, str>,
     /// Its probes: one pair per copy of the function's code, and an
     /// inlined function has a copy in each caller.
     pub probes: FuncProbes,
@@ -140,7 +142,7 @@ pub(crate) struct Func {
 }
 
 impl Func {
-    pub(crate) fn new(addr: usize, name: String, now: u64) -> Func {
+    pub(crate) fn new(addr: usize, name: impl Into<std::borrow::Cow<'static, str>>, now: u64) -> Func {
         Func {
             addr,
             end: AtomicUsize::new(0),
@@ -154,7 +156,7 @@ impl Func {
             exit_slot: AtomicU32::new(0),
             exhausted: AtomicBool::new(false),
             exits_follow_entry: AtomicBool::new(false),
-            name,
+            name: name.into(),
             probes: FuncProbes::default(),
             est_closed: AtomicU64::new(0f64.to_bits()),
             windows: AtomicU64::new(0),
@@ -410,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_sample_touches_one_cache_line_of_its_function() {
-        let f = Func::new(0x1000, String::new(), 0);
+        let f = Func::new(0x1000, "", 0);
         let base = &f as *const Func as usize;
         assert_eq!(base % 64, 0);
         for last in [
@@ -423,7 +425,7 @@ mod tests {
 
     #[test]
     fn handler_time_of_the_thread_that_filled_the_window_is_taken_off_it() {
-        let f = Func::new(0x1000, "f".into(), 1000);
+        let f = Func::new(0x1000, "f", 1000);
         // First call at 1100 on thread A (clock 5000), the 10th at 2120
         // (clock 5200): 200 of the window's 1120 ticks were A's handlers.
         f.count.store(10, Ordering::Relaxed);
@@ -448,7 +450,7 @@ mod tests {
 
     #[test]
     fn windows_estimate_from_the_quota_rate() {
-        let f = Func::new(0x1000, "f".into(), 1000);
+        let f = Func::new(0x1000, "f", 1000);
         // The 10th call 920 ticks after the window opened: rate 9.2/920.
         f.count.store(10, Ordering::Relaxed);
         f.t_k.store(1920, Ordering::Relaxed);
@@ -466,7 +468,7 @@ mod tests {
     /// through `Func`'s own window code: a window opens at each epoch, the
     /// K-th call fills it, the next epoch closes it. Returns the estimate.
     fn estimate(calls: &[u64], end: u64, epoch: u64, k: u32) -> f64 {
-        let f = Func::new(0x1000, String::new(), 0);
+        let f = Func::new(0x1000, "", 0);
         let mut i = 0;
         let mut t0 = 0;
         while t0 < end {

@@ -602,7 +602,7 @@ fn discovered(m: &ProbeMeta) {
         match map.get(&m.function) {
             Some(&fi) => fi,
             None => {
-                let Some(fi) = p.funcs.push(Func::new(m.function, m.name().into_owned(), tsc::now())) else {
+                let Some(fi) = p.funcs.push(Func::new(m.function, m.name(), tsc::now())) else {
                     crate::log::warn(format_args!("profile: function table full; {} not profiled", m.name()));
                     return;
                 };

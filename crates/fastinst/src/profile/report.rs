@@ -548,7 +548,7 @@ impl Names<'_> {
 
 fn fn_name(p: &Profiler, fi: u32) -> String {
     match p.funcs.get(fi) {
-        Some(f) if !f.name.is_empty() => f.name.clone(),
+        Some(f) if !f.name.is_empty() => f.name.to_string(),
         Some(f) => format!("[{:#x}]", f.addr),
         None => format!("[function {fi}]"),
     }

@@ -542,11 +542,7 @@ mod tests {
     #[test]
     fn kept_path_nodes_name_the_path_built_from_the_whole_stack() {
         // Eight functions of 0x100 bytes each; extents start unknown.
-        let funcs: &'static [Func] = Box::leak(
-            (0..8)
-                .map(|i| Func::new(0x1000 + i * 0x100, String::new(), 0))
-                .collect(),
-        );
+        let funcs: &'static [Func] = Box::leak((0..8).map(|i| Func::new(0x1000 + i * 0x100, "", 0)).collect());
         let func = |i: u32| funcs.get(i as usize);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut sh = Shadow::new();
