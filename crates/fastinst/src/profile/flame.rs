@@ -27,19 +27,15 @@
 //! from 2.2 times as many lines and frames (QuickJS: 2,362 lines and 36,900
 //! frames against 1,056 and 15,600).
 
-use super::report::{folded_name, folded_weight, push_folded, Report};
+use super::report::{folded_names, folded_weight, Report};
 use std::fmt::Write as _;
-use std::sync::Arc;
 
-/// Whether two frames print alike in the folded stacks, which is what
-/// inferno compares.
-fn same_frame(a: &Arc<str>, b: &Arc<str>) -> bool {
-    Arc::ptr_eq(a, b) || folded_name(a).eq(folded_name(b))
-}
-
-/// Frames the two paths share from the root.
-fn shared_depth(a: &[Arc<str>], b: &[Arc<str>]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| same_frame(x, y)).count()
+/// Frames the two paths share from the root, frames compared by `canon`
+/// (see [`drawable_lines`]).
+fn shared_depth(canon: &[u32], a: &[u32], b: &[u32]) -> usize {
+    // An index past the names (a report built by hand) prints as `?`.
+    let c = |f: u32| canon.get(f as usize).copied().unwrap_or(u32::MAX);
+    a.iter().zip(b).take_while(|(x, y)| c(**x) == c(**y)).count()
 }
 
 /// The folded lines (as [`render_folded`](super::report::render_folded)
@@ -47,8 +43,19 @@ fn shared_depth(a: &[Arc<str>], b: &[Arc<str>]) -> usize {
 /// `min_width` (inferno's option, percent of the total) draws. `r`'s
 /// stacks must be in the order their lines sort (inferno's order).
 pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
-    let lines: Vec<(&[Arc<str>], u64)> = r
-        .stacks
+    let st = &r.stacks;
+    let folded = folded_names(st);
+    // Two frames are one to inferno when their names print alike in the
+    // folded stacks (`g h`, `g;h`, `g_h`): each name's number is that of
+    // the first name that prints as it does.
+    let mut first: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    let canon: Vec<u32> = folded
+        .iter()
+        .enumerate()
+        .map(|(i, f)| *first.entry(f.as_ref()).or_insert(i as u32))
+        .collect();
+    let lines: Vec<(&[u32], u64)> = st
+        .paths
         .iter()
         .map(|s| (&s.frames[..], folded_weight(s)))
         .filter(|&(frames, w)| w > 0 && !frames.is_empty())
@@ -67,7 +74,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
     let mut before = 0u64;
     for i in 0..=lines.len() {
         let keep = match (i.checked_sub(1), lines.get(i)) {
-            (Some(p), Some(l)) => shared_depth(lines[p].0, l.0),
+            (Some(p), Some(l)) => shared_depth(&canon, lines[p].0, l.0),
             _ => 0,
         };
         while open.len() > keep {
@@ -90,15 +97,15 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
         let frames = &lines[i].0[..cut[i]];
         let mut w = lines[i].1;
         i += 1;
-        while i < lines.len() && cut[i] == frames.len() && shared_depth(lines[i].0, frames) == frames.len() {
+        while i < lines.len() && cut[i] == frames.len() && shared_depth(&canon, lines[i].0, frames) == frames.len() {
             w += lines[i].1;
             i += 1;
         }
-        for (k, f) in frames.iter().enumerate() {
+        for (k, &f) in frames.iter().enumerate() {
             if k > 0 {
                 out.push(';');
             }
-            push_folded(&mut out, f);
+            out.push_str(folded.get(f as usize).map_or("?", |n| n));
         }
         let _ = writeln!(out, " {w}");
     }
@@ -109,9 +116,9 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
 mod tests {
     use super::*;
     use crate::profile::report::{flame_options, lines_sorted, order_and_merge, render_folded, render_svg};
-    use crate::profile::report::{Overhead, SettingsOut, StackRow};
+    use crate::profile::report::{Overhead, SettingsOut, Stacks};
 
-    fn report(stacks: Vec<StackRow>) -> Report {
+    fn report(stacks: Stacks) -> Report {
         Report {
             schema: "test".into(),
             program: "t".into(),
@@ -140,11 +147,10 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
-    /// Random paths over `names` (shared, as a report's are), weights
+    /// Random paths over `names`, weights
     /// spread over six orders of magnitude so most frames are too narrow to
     /// draw, ordered and merged as `collect` does.
     fn random_report(names: &[&str], seed: u64, n: usize) -> Report {
-        let pool: Vec<Arc<str>> = names.iter().map(|&n| Arc::from(n)).collect();
         let mut x = seed;
         let mut next = move || {
             x ^= x << 13;
@@ -152,25 +158,22 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let mut paths: Vec<StackRow> = (0..n)
+        let paths: Vec<(Vec<&str>, u64, f64)> = (0..n)
             .map(|_| {
                 let depth = 1 + (next() % 14) as usize;
                 // Shallow frames from few names, so paths share prefixes.
                 let frames = (0..depth)
-                    .map(|d| pool[(next() as usize) % (2 + d).min(pool.len())].clone())
+                    .map(|d| names[(next() as usize) % (2 + d).min(names.len())])
                     .collect();
                 // Mostly light paths: u^3 of the exponent.
                 let u = (next() % 1000) as f64 / 1000.0;
                 let w = 10f64.powf(8.0 * u * u * u);
-                StackRow {
-                    frames,
-                    samples: 1,
-                    self_ms: w / 1e3,
-                }
+                (frames, 1, w / 1e3)
             })
             .collect();
-        order_and_merge(&mut paths);
-        report(paths)
+        let mut st = Stacks::from_named(paths);
+        order_and_merge(&mut st);
+        report(st)
     }
 
     #[test]
@@ -235,7 +238,7 @@ mod tests {
             let mut r = random_report(&names, seed * 0x9E37_79B9, 1500);
             if seed % 2 == 0 {
                 // Lines out of inferno's order, as an older report may have.
-                r.stacks.reverse();
+                r.stacks.paths.reverse();
             }
             let folded = render_folded(&r);
             let written = crate::profile::report::write_all(&r, &dir).unwrap();

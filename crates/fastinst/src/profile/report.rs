@@ -70,42 +70,95 @@ pub struct Report {
     /// Caller -> callee, by time.
     pub edges: Vec<EdgeRow>,
     /// Sampled call paths.
-    #[serde(with = "stacks_json")]
-    pub stacks: Vec<StackRow>,
+    pub stacks: Stacks,
 }
 
-/// The JSON form of [`Report::stacks`]: `{names: [name], paths: [{frames:
-/// [index into names], samples, self_ms}]}`; read also in version 1's form,
-/// a list of [`StackRow`]s.
+/// The sampled call paths, in the JSON's own form: each frame name once
+/// ([`Stacks::names`]) and each path's frames as indices into them.
+///
+/// A path is a list of numbers, not of names: SQLite's report has ~4,200
+/// paths of ~12 frames, and a name object per frame (a reference count
+/// taken for each of ~50,000 frames, then every name found again by its
+/// address to number it for the JSON) cost ~0.6 ms of its exit.
+#[derive(Serialize, Debug, Clone, PartialEq, Default)]
+pub struct Stacks {
+    /// Frame names: functions, and `[...]` for frames not sampled.
+    pub names: Vec<Arc<str>>,
+    /// The paths, ordered as their folded lines sort (by their frames'
+    /// names, outermost first).
+    pub paths: Vec<StackRow>,
+}
+
+impl Stacks {
+    /// The name of frame `i` (`?` for an index past the names, which
+    /// reading a file rejects).
+    pub fn name(&self, i: u32) -> &str {
+        self.names.get(i as usize).map_or("?", |n| n)
+    }
+
+    /// `row`'s frame names, outermost first.
+    pub fn frames<'a>(&'a self, row: &'a StackRow) -> impl Iterator<Item = &'a str> + 'a {
+        row.frames.iter().map(move |&i| self.name(i))
+    }
+
+    /// Paths given by their frames' names (version 1's form, tests,
+    /// reports built by hand), each name listed once, in order of first
+    /// use. Not ordered or merged.
+    pub fn from_named<N: AsRef<str>>(rows: impl IntoIterator<Item = (Vec<N>, u64, f64)>) -> Stacks {
+        let mut ids: FxMap<Arc<str>, u32> = FxMap::default();
+        let mut st = Stacks::default();
+        for (frames, samples, self_ms) in rows {
+            let frames = frames
+                .iter()
+                .map(|f| {
+                    let f = f.as_ref();
+                    if let Some(&i) = ids.get(f) {
+                        return i;
+                    }
+                    let name: Arc<str> = Arc::from(f);
+                    st.names.push(name.clone());
+                    ids.insert(name, st.names.len() as u32 - 1);
+                    st.names.len() as u32 - 1
+                })
+                .collect();
+            st.paths.push(StackRow {
+                frames,
+                samples,
+                self_ms,
+            });
+        }
+        st
+    }
+
+    /// The number of paths.
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// True if no path was sampled.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+}
+
+/// Reading [`Stacks`]: version 2's `{names, paths}`, checked, or version
+/// 1's list of paths that spell their frames' names.
 mod stacks_json {
-    use super::{FxMap, StackRow};
+    use super::{StackRow, Stacks};
     use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
     use serde::de::{MapAccess, SeqAccess, Visitor};
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::{Deserialize, Deserializer};
     use std::sync::Arc;
-
-    #[derive(Serialize)]
-    struct Out<'a> {
-        names: Vec<&'a str>,
-        paths: Vec<PathOut>,
-    }
-
-    #[derive(Serialize)]
-    struct PathOut {
-        frames: Vec<u32>,
-        samples: u64,
-        self_ms: f64,
-    }
 
     #[derive(Deserialize)]
     struct In {
         names: Vec<Arc<str>>,
-        paths: Vec<PathIn>,
+        paths: Vec<StackRow>,
     }
 
     #[derive(Deserialize)]
-    struct PathIn {
-        frames: Vec<u32>,
+    struct NamedRow {
+        frames: Vec<String>,
         samples: u64,
         self_ms: f64,
     }
@@ -117,67 +170,38 @@ mod stacks_json {
     struct Form;
 
     impl<'de> Visitor<'de> for Form {
-        type Value = Vec<StackRow>;
+        type Value = Stacks;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("stacks as {names, paths} or, in version 1, a list of {frames, samples, self_ms}")
         }
 
         fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            indexed(In::deserialize(MapAccessDeserializer::new(map))?)
+            let t = In::deserialize(MapAccessDeserializer::new(map))?;
+            let n = t.names.len();
+            if t.paths.iter().any(|p| p.frames.iter().any(|&i| i as usize >= n)) {
+                return Err(serde::de::Error::custom(format!(
+                    "a stack's frame indexes past the {n} names"
+                )));
+            }
+            Ok(Stacks {
+                names: t.names,
+                paths: t.paths,
+            })
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            Vec::<StackRow>::deserialize(SeqAccessDeserializer::new(seq))
+            let rows = Vec::<NamedRow>::deserialize(SeqAccessDeserializer::new(seq))?;
+            Ok(Stacks::from_named(
+                rows.into_iter().map(|r| (r.frames, r.samples, r.self_ms)),
+            ))
         }
     }
 
-    pub fn serialize<S: Serializer>(rows: &[StackRow], s: S) -> Result<S::Ok, S::Error> {
-        // By the name's address: a report's paths share their names (a
-        // report read back from a file does not, and lists repeats).
-        let mut index: FxMap<*const u8, u32> = FxMap::default();
-        let mut names = Vec::new();
-        let paths = rows
-            .iter()
-            .map(|r| PathOut {
-                frames: r
-                    .frames
-                    .iter()
-                    .map(|f| {
-                        *index.entry(Arc::as_ptr(f).cast::<u8>()).or_insert_with(|| {
-                            names.push(&**f);
-                            names.len() as u32 - 1
-                        })
-                    })
-                    .collect(),
-                samples: r.samples,
-                self_ms: r.self_ms,
-            })
-            .collect();
-        Out { names, paths }.serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StackRow>, D::Error> {
-        d.deserialize_any(Form)
-    }
-
-    fn indexed<E: serde::de::Error>(t: In) -> Result<Vec<StackRow>, E> {
-        t.paths
-            .into_iter()
-            .map(|p| {
-                let frames = p
-                    .frames
-                    .iter()
-                    .map(|&i| t.names.get(i as usize).cloned())
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| E::custom(format!("a stack's frame indexes past the {} names", t.names.len())))?;
-                Ok(StackRow {
-                    frames,
-                    samples: p.samples,
-                    self_ms: p.self_ms,
-                })
-            })
-            .collect()
+    impl<'de> Deserialize<'de> for Stacks {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Stacks, D::Error> {
+            d.deserialize_any(Form)
+        }
     }
 }
 
@@ -286,8 +310,9 @@ pub struct EdgeRow {
 /// One sampled call path.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct StackRow {
-    /// Outermost first; `[...]` marks frames not sampled.
-    pub frames: Vec<Arc<str>>,
+    /// Outermost first, as indices into [`Stacks::names`] (whose `[...]`
+    /// marks frames not sampled).
+    pub frames: Vec<u32>,
     /// Sampled calls ending this path.
     pub samples: u64,
     /// Estimated self time of the last frame along this path.
@@ -437,7 +462,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
-    let stack_rows = order_and_merge_named(&names.names, &frames, &paths);
+    let stack_rows = used_names(&names.names, order_and_merge_named(&names.names, &frames, &paths));
 
     let c = |field: fn(&super::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
     let wall_s = wall_ns / 1e9;
@@ -670,19 +695,20 @@ pub fn render_folded(r: &Report) -> String {
 /// lines came out sorted, as inferno compares them (each line, without its
 /// newline, at least the one before).
 fn folded_to(r: &Report, out: &mut impl std::fmt::Write) -> Result<bool, std::fmt::Error> {
+    let names = folded_names(&r.stacks);
     let (mut line, mut prev) = (String::new(), String::new());
     let mut sorted = true;
-    for st in &r.stacks {
+    for st in &r.stacks.paths {
         let w = folded_weight(st);
         if w == 0 {
             continue;
         }
         line.clear();
-        for (i, f) in st.frames.iter().enumerate() {
+        for (i, &f) in st.frames.iter().enumerate() {
             if i > 0 {
                 line.push(';');
             }
-            push_folded(&mut line, f);
+            line.push_str(names.get(f as usize).map_or("?", |n| n));
         }
         write!(line, " {w}")?;
         sorted &= prev <= line;
@@ -693,20 +719,29 @@ fn folded_to(r: &Report, out: &mut impl std::fmt::Write) -> Result<bool, std::fm
     Ok(sorted)
 }
 
+/// Each of `st`'s names as the folded stacks write it ([`folded_name`]),
+/// copied only where it differs.
+pub(super) fn folded_names(st: &Stacks) -> Vec<std::borrow::Cow<'_, str>> {
+    st.names
+        .iter()
+        .map(|n| {
+            if n.bytes().any(|b| b == b';' || b == b' ') {
+                // As chars: both separators are ASCII.
+                n.chars()
+                    .map(|c| if c == ';' || c == ' ' { '_' } else { c })
+                    .collect::<String>()
+                    .into()
+            } else {
+                std::borrow::Cow::Borrowed(&**n)
+            }
+        })
+        .collect()
+}
+
 /// A path's weight in the folded stacks: nanoseconds of self time. Paths
 /// that round to 0 are left out.
 pub(super) fn folded_weight(st: &StackRow) -> u64 {
     (st.self_ms * 1e6).round() as u64
-}
-
-/// Appends [`folded_name`]`(name)` to `s`.
-pub(super) fn push_folded(s: &mut String, name: &str) {
-    if name.bytes().any(|b| b == b';' || b == b' ') {
-        // As chars: both separators are ASCII.
-        s.extend(name.chars().map(|c| if c == ';' || c == ' ' { '_' } else { c }));
-    } else {
-        s.push_str(name);
-    }
 }
 
 /// The flame graph of the folded stacks.
@@ -773,16 +808,29 @@ fn order_and_merge_named(names: &[Arc<str>], frames: &[u32], rows: &[NamedRow]) 
             }
         }
         out.push(StackRow {
-            frames: frames[r.frames.0..r.frames.1]
-                .iter()
-                .map(|&f| names[f as usize].clone())
-                .collect(),
+            frames: frames[r.frames.0..r.frames.1].to_vec(),
             samples: r.samples,
             self_ms: r.self_ms,
         });
         kept = Some(i);
     }
     out
+}
+
+/// `paths` (frames numbered in `names`) with only the names they use,
+/// renumbered in order of first use.
+fn used_names(names: &[Arc<str>], mut paths: Vec<StackRow>) -> Stacks {
+    let mut new_id = vec![u32::MAX; names.len()];
+    let mut used = Vec::new();
+    for f in paths.iter_mut().flat_map(|p| p.frames.iter_mut()) {
+        let id = &mut new_id[*f as usize];
+        if *id == u32::MAX {
+            *id = used.len() as u32;
+            used.push(names[*f as usize].clone());
+        }
+        *f = *id;
+    }
+    Stacks { names: used, paths }
 }
 
 /// Each name's rank as a frame followed by more frames (`[0]`: the name
@@ -809,23 +857,16 @@ fn token_ranks(names: &[Arc<str>]) -> Vec<[u32; 2]> {
     ranks
 }
 
-/// [`order_and_merge_named`] for rows that spell their names (tests, and
-/// reports built by hand).
+/// [`order_and_merge_named`] for paths built by hand (tests).
 #[cfg(test)]
-pub(super) fn order_and_merge(rows: &mut Vec<StackRow>) {
-    let mut ids: std::collections::HashMap<Arc<str>, u32> = Default::default();
-    let mut names: Vec<Arc<str>> = Vec::new();
+pub(super) fn order_and_merge(st: &mut Stacks) {
     let mut frames = Vec::new();
-    let named: Vec<NamedRow> = rows
+    let named: Vec<NamedRow> = st
+        .paths
         .drain(..)
         .map(|r| {
             let start = frames.len();
-            for f in &r.frames {
-                frames.push(*ids.entry(f.clone()).or_insert_with(|| {
-                    names.push(f.clone());
-                    names.len() as u32 - 1
-                }));
-            }
+            frames.extend(&r.frames);
             NamedRow {
                 frames: (start, frames.len()),
                 samples: r.samples,
@@ -833,7 +874,7 @@ pub(super) fn order_and_merge(rows: &mut Vec<StackRow>) {
             }
         })
         .collect();
-    *rows = order_and_merge_named(&names, &frames, &named);
+    *st = used_names(&st.names, order_and_merge_named(&st.names, &frames, &named));
 }
 
 /// A frame's name as the folded stacks write it: `;` separates frames and
@@ -931,7 +972,7 @@ pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         serde_json::to_writer(&mut *w, r).map_err(std::io::Error::other)?;
         w.write_all(b"\n")
     })?;
-    if r.stacks.iter().any(|st| folded_weight(st) > 0) {
+    if r.stacks.paths.iter().any(|st| folded_weight(st) > 0) {
         let mut sorted = false;
         put(path("folded"), &mut |w| {
             fmt_io(w, |f| folded_to(r, f).map(|s| sorted = s))
@@ -980,44 +1021,33 @@ mod tests {
     use super::*;
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    struct Stacks {
-        #[serde(with = "stacks_json")]
-        stacks: Vec<StackRow>,
+    struct Wrap {
+        stacks: Stacks,
     }
 
     #[test]
     fn stacks_are_written_with_a_names_table_and_read_in_both_forms() {
-        // Shared names, as a report's paths have them.
-        let pool: Vec<Arc<str>> = ["main", "[...]", "f", "g"].into_iter().map(Arc::from).collect();
-        let name = |f: &str| pool.iter().find(|n| &***n == f).unwrap().clone();
-        let row = |frames: &[&str], samples| StackRow {
-            frames: frames.iter().map(|&f| name(f)).collect(),
-            samples,
-            self_ms: samples as f64 / 2.0,
+        let s = Wrap {
+            stacks: Stacks::from_named([(vec!["main", "[...]", "f"], 3, 1.5), (vec!["main", "g"], 1, 0.5)]),
         };
-        let s = Stacks {
-            stacks: vec![row(&["main", "[...]", "f"], 3), row(&["main", "g"], 1)],
-        };
+        assert_eq!(s.stacks.names.len(), 4, "each name once");
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
             r#"{"stacks":{"names":["main","[...]","f","g"],"paths":[{"frames":[0,1,2],"samples":3,"self_ms":1.5},{"frames":[0,3],"samples":1,"self_ms":0.5}]}}"#
         );
-        assert_eq!(serde_json::from_str::<Stacks>(&json).unwrap(), s);
+        assert_eq!(serde_json::from_str::<Wrap>(&json).unwrap(), s);
         let v1 = r#"{"stacks":[{"frames":["main","[...]","f"],"samples":3,"self_ms":1.5},{"frames":["main","g"],"samples":1,"self_ms":0.5}]}"#;
-        assert_eq!(serde_json::from_str::<Stacks>(v1).unwrap(), s);
-        // Names not shared (a report read back) are listed again.
-        let read = serde_json::from_str::<Stacks>(v1).unwrap();
-        let again = serde_json::to_string(&read).unwrap();
-        assert!(again.contains(r#""names":["main","[...]","f","main","g"]"#), "{again}");
-        assert_eq!(serde_json::from_str::<Stacks>(&again).unwrap(), s);
+        assert_eq!(serde_json::from_str::<Wrap>(v1).unwrap(), s);
+        let row = &s.stacks.paths[0];
+        assert_eq!(s.stacks.frames(row).collect::<Vec<_>>(), ["main", "[...]", "f"]);
         let bad = r#"{"stacks":{"names":["main"],"paths":[{"frames":[0,1],"samples":1,"self_ms":0}]}}"#;
-        assert!(serde_json::from_str::<Stacks>(bad).is_err());
+        assert!(serde_json::from_str::<Wrap>(bad).is_err());
     }
 
     #[test]
     fn a_broken_stacks_field_is_named_by_what_is_wrong_in_it() {
-        let err = |j: &str| serde_json::from_str::<Stacks>(j).unwrap_err().to_string();
+        let err = |j: &str| serde_json::from_str::<Wrap>(j).unwrap_err().to_string();
         let e = err(r#"{"stacks":{"names":["main"],"paths":[{"frames":[0],"samples":"x","self_ms":0}]}}"#);
         assert!(e.contains("invalid type: string \"x\", expected u64"), "{e}");
         let e = err(r#"{"stacks":{"names":["main"]}}"#);
@@ -1031,13 +1061,29 @@ mod tests {
     }
 
     #[test]
+    fn merged_paths_keep_only_the_names_they_use() {
+        let mut st = Stacks::from_named([
+            (vec!["main", "g h"], 1, 1.0),
+            (vec!["unused"], 0, 0.0),
+            (vec!["main", "g_h"], 2, 2.0),
+        ]);
+        st.paths.remove(1);
+        order_and_merge(&mut st);
+        // `g h` and `g_h` print alike: one path, under one of the two.
+        assert_eq!(st.paths.len(), 1);
+        assert_eq!(st.paths[0].samples, 3);
+        assert_eq!(st.names.len(), 2, "{:?}", st.names);
+        let frames: Vec<&str> = st.frames(&st.paths[0]).collect();
+        assert!(frames == ["main", "g h"] || frames == ["main", "g_h"], "{frames:?}");
+    }
+
+    #[test]
     fn paths_order_as_their_folded_lines_sort() {
         let names: Vec<Arc<str>> = ["main", "f", "f.cold", "f2", "g h", "g;h", "g_h", "a:b", "a", "ab", "a0"]
             .into_iter()
             .map(Arc::from)
             .collect();
-        // Every path of up to three frames over these names, some sharing
-        // their name objects and some not.
+        // Every path of up to three frames over these names.
         let mut paths: Vec<Vec<Arc<str>>> = Vec::new();
         for x in &names {
             paths.push(vec![x.clone()]);
@@ -1048,21 +1094,14 @@ mod tests {
                 }
             }
         }
-        let mut rows: Vec<StackRow> = paths
-            .into_iter()
-            .map(|frames| StackRow {
-                frames,
-                samples: 1,
-                self_ms: 1.0,
-            })
-            .collect();
-        order_and_merge(&mut rows);
-        let lines: Vec<String> = rows
+        let mut st = Stacks::from_named(paths.into_iter().map(|frames| (frames, 1, 1.0)));
+        order_and_merge(&mut st);
+        let lines: Vec<String> = st
+            .paths
             .iter()
             .map(|p| {
-                let frames: Vec<String> = p
-                    .frames
-                    .iter()
+                let frames: Vec<String> = st
+                    .frames(p)
                     .map(|f| String::from_utf8(folded_name(f).collect()).unwrap())
                     .collect();
                 format!("{} 7", frames.join(";"))
