@@ -16,7 +16,7 @@
 //! [`stress::MIN_CORUN_TOGGLES`] / [`stress::MIN_CORUN_RATIO`] count.
 //!
 //! From the table of failures per W and S (the paper's Fig. 9, [`table`],
-//! [`svg`]) [`recommend`] takes the smallest W from which every larger W
+//! [`svg`]) [`recommend()`] takes the smallest W from which every larger W
 //! showed 0 failures with evidence, multiplies it by a safety margin, checks
 //! the result in a verification run, and weighs its cost against the
 //! `membarrier` SyncCore wait ([`cost`]) to pick the default wait strategy.

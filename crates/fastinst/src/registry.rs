@@ -1,4 +1,4 @@
-//! The probe registry: dense ids, append-only, never moves (a [`Segmented`]
+//! The probe registry: dense ids, append-only, never moves (a `Segmented`
 //! table).
 //!
 //! Probes live in segments of [`SEGMENT`] slots, allocated on demand and

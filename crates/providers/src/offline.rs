@@ -1,7 +1,7 @@
 //! Probe sites of an ELF file on disk, found without running it.
 //!
 //! The run-time recognisers ([`call_site_at`], [`tail_sites`]) read code
-//! through [`Memory`]; here they read an [`Image`] of the file's loadable
+//! through [`Memory`](crate::Memory); here they read an [`Image`] of the file's loadable
 //! segments instead, so a listing shows exactly the sites the runtime would
 //! recognise. What the dynamic linker would have done is stood in for: every
 //! GOT slot that a relocation binds to `__cyg_profile_func_enter` or

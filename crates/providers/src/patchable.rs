@@ -143,7 +143,7 @@ pub fn table(sections: &Sections) -> Vec<u64> {
 }
 
 /// The function entry for a sled recorded at `recorded`: the start of a
-/// function symbol at most [`MAX_BEFORE`] bytes on (the `M` NOPs before the
+/// function symbol at most `MAX_BEFORE` bytes on (the `M` NOPs before the
 /// entry), else `recorded` itself (`M = 0`, or no symbols). Returns the
 /// entry and the start of the function that contains it (`None` when no
 /// symbol does).

@@ -17,11 +17,11 @@
 //! [`Settings::inlined`] for why.
 //! A sampler thread re-activates exhausted functions every epoch
 //! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
-//! call estimate ([`functions`]). It is made with `clone(2)`, unknown to
+//! call estimate (`functions`). It is made with `clone(2)`, unknown to
 //! glibc, which therefore keeps its single-threaded `malloc` in a
 //! single-threaded program (`rawthread.rs`, [`Sampler`]); so its epoch
 //! allocates nothing and never parks. Pairing, call paths
-//! and their limits are in [`thread`]; the reports in [`report`].
+//! and their limits are in `thread`; the reports in [`report`].
 
 mod decimal;
 mod exhausted;

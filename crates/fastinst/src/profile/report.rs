@@ -1,7 +1,7 @@
 //! The profile as people read it: a text table sorted by time, folded
 //! stacks and a flame graph (inferno), and JSON (schema below).
 //!
-//! Estimates. Calls: per function, from its windows ([`super::functions`]).
+//! Estimates. Calls: per function, from its windows (`functions`).
 //! Total time: mean sampled duration × estimated calls. Self time: total
 //! minus the estimated time of its calls to other instrumented functions
 //! (edges), never below 0; recursion counts an activation's time in every
@@ -53,7 +53,7 @@ pub const SCHEMAS_READ: [&str; 2] = [SCHEMA, "fastinst-profile/1"];
 pub struct Report {
     /// [`SCHEMA`] (or, read from an older file, one of [`SCHEMAS_READ`]).
     pub schema: String,
-    /// argv[0].
+    /// `argv[0]`.
     pub program: String,
     /// Process id.
     pub pid: u32,

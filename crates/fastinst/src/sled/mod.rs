@@ -23,7 +23,7 @@
 //! reads. A program that links the crate calls [`load`] itself.
 //!
 //! An entry probe runs its handler from the entry trampoline; an exit probe
-//! is a substituted return address ([`shadow`]). Everything else (the API,
+//! is a substituted return address (`shadow`). Everything else (the API,
 //! strategies, tools, the profiler) is shared with the
 //! `-finstrument-functions` provider.
 
