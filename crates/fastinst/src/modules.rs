@@ -173,7 +173,7 @@ fn scan() -> Vec<Seen> {
 /// headers, the section headers and the sled table are touched now, and the
 /// symbol and string tables when [`Module::symbols`] reads them.
 fn read_module(path: &str, bias: u64) -> (Option<memmap2::Mmap>, Vec<u64>) {
-    let file = if path.is_empty() { "/proc/self/exe" } else { path };
+    let file = file_of(path);
     if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
         return Default::default();
     }
@@ -204,7 +204,7 @@ fn read_module(path: &str, bias: u64) -> (Option<memmap2::Mmap>, Vec<u64>) {
 /// The function symbols of module file `bytes` (named `path` in warnings)
 /// at run-time addresses.
 fn read_symbols(path: &str, bytes: &[u8], bias: u64) -> SymbolTable {
-    let file = if path.is_empty() { "/proc/self/exe" } else { path };
+    let file = file_of(path);
     let sections = match providers::sections::Sections::parse(bytes) {
         Ok(s) => s,
         Err(e) => {
@@ -216,6 +216,15 @@ fn read_symbols(path: &str, bytes: &[u8], bias: u64) -> SymbolTable {
         crate::log::warn(format_args!("no symbols for {file}: {e}"));
         SymbolTable::default()
     })
+}
+
+/// The file of the module at `path` ("" is the executable).
+fn file_of(path: &str) -> &str {
+    if path.is_empty() {
+        "/proc/self/exe"
+    } else {
+        path
+    }
 }
 
 /// Whether `s` is the shared library this runtime is part of

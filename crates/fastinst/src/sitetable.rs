@@ -139,7 +139,7 @@ const _: () = assert!((key::patched(0) >> 55) < (key::site(0) >> 55));
 /// at once. (`fetch_or(0)` would not do: the compiler turns an idempotent
 /// relaxed read-modify-write into a plain load.)
 pub(crate) fn prepare(addr: u64) {
-    let block = slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1);
+    let block = block_of(addr);
     for i in [block, block + HALF] {
         touch(i);
     }
@@ -148,7 +148,12 @@ pub(crate) fn prepare(addr: u64) {
 /// [`prepare`] for the keys registration makes (`extent`, `patched`,
 /// `site`) alone: the block's second page.
 pub(crate) fn prepare_registration(addr: u64) {
-    touch((slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1)) + HALF);
+    touch(block_of(addr) + HALF);
+}
+
+/// The first slot of the block that holds the keys of code page `addr`.
+fn block_of(addr: u64) -> usize {
+    slot(addr & ADDR & !0xfff) & !((1 << WITHIN) - 1)
 }
 
 fn touch(i: usize) {
@@ -301,7 +306,7 @@ mod tests {
             }
         }
         // `prepare_registration` touches exactly that page.
-        assert_eq!((slot(page) & !((1 << WITHIN) - 1)) + HALF, first * HALF);
+        assert_eq!(block_of(page) + HALF, first * HALF);
     }
 
     #[test]

@@ -726,10 +726,9 @@ pub(super) fn folded_names(st: &Stacks) -> Vec<std::borrow::Cow<'_, str>> {
         .iter()
         .map(|n| {
             if n.bytes().any(|b| b == b';' || b == b' ') {
-                // As chars: both separators are ASCII.
-                n.chars()
-                    .map(|c| if c == ';' || c == ' ' { '_' } else { c })
-                    .collect::<String>()
+                // ASCII bytes replaced by an ASCII byte: still UTF-8.
+                String::from_utf8(folded_name(n).collect())
+                    .expect("separators replaced by `_`")
                     .into()
             } else {
                 std::borrow::Cow::Borrowed(&**n)
