@@ -1,12 +1,92 @@
-//! Fixed-point decimals for the text report, written through integers.
+//! Fixed-point decimals for the text report and the flame graph, written
+//! through integers.
 //!
 //! The text report prints about ten numbers per function and two per edge
-//! (~15,000 on SQLite) with `{:.N}`, which formats an `f64` exactly: Grisu,
-//! and where that gives up, Dragon4's big-integer arithmetic. That was most
-//! of the time the text report took at the program's exit. Scaled and
-//! rounded to an integer, the same digits are a few divisions.
+//! (~15,000 on SQLite) with `{:.N}`, and the flame graph three per frame;
+//! `{:.N}` formats an `f64` exactly: Grisu, and where that gives up (most
+//! values, at four places), Dragon4's big-integer arithmetic, ~250 ns a
+//! number here. The same digits come from the value's own bits: an `f64`
+//! is `m * 2^e` with `m < 2^53`, so `m * 10^N` fits a `u128` for the few
+//! places these reports print, and one shift with the remainder rounds it
+//! half to even exactly as `{:.N}` does, never from a rounded product.
 
 use std::fmt;
+
+/// The most places [`Fixed`] writes through integers (`10^6 * 2^53` still
+/// leaves a `u128` room to shift).
+const MAX_PLACES: u32 = 6;
+
+/// `|x| * 10^places` rounded half to even, exactly; `None` where it is not
+/// a finite number below 2^63 (or `places` is past [`MAX_PLACES`]).
+fn scaled(x: f64, places: u32) -> Option<u64> {
+    if places > MAX_PLACES || !x.is_finite() {
+        return None;
+    }
+    let bits = x.abs().to_bits();
+    let (biased, fraction) = ((bits >> 52) as i32, bits & ((1 << 52) - 1));
+    // Subnormals have no hidden bit and the smallest exponent.
+    let (m, e) = if biased == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | (1 << 52), biased - 1075)
+    };
+    let n = m as u128 * 10u128.pow(places);
+    let q = if e >= 0 {
+        // An integer: exact if it fits.
+        if e > 40 {
+            return None;
+        }
+        n << e
+    } else {
+        let s = e.unsigned_abs();
+        if s >= 127 {
+            // `n < 2^73`, so the value is below 2^-54: rounds to 0.
+            0
+        } else {
+            let (q, r, half) = (n >> s, n & ((1u128 << s) - 1), 1u128 << (s - 1));
+            q + u128::from(r > half || (r == half && q & 1 == 1))
+        }
+    };
+    u64::try_from(q).ok().filter(|&q| q < 1 << 63)
+}
+
+/// Writes `x` with `places` digits after the point into `out` as `{:.N}`
+/// writes it (no padding), through [`scaled`].
+pub(crate) fn push_fixed(out: &mut String, x: f64, places: u32) {
+    let mut buf = [0u8; 32];
+    match digits(&mut buf, x, places) {
+        Some(s) => out.push_str(s),
+        None => {
+            use fmt::Write as _;
+            let _ = write!(out, "{x:.*}", places as usize);
+        }
+    }
+}
+
+/// `x`'s digits as [`push_fixed`] writes them, at the end of `buf`.
+fn digits(buf: &mut [u8; 32], x: f64, places: u32) -> Option<&str> {
+    let mut n = scaled(x, places)?;
+    let mut at = buf.len();
+    let mut written = 0;
+    loop {
+        if written == places && places > 0 {
+            at -= 1;
+            buf[at] = b'.';
+        }
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        written += 1;
+        if n == 0 && written > places {
+            break;
+        }
+    }
+    if x.is_sign_negative() {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    Some(std::str::from_utf8(&buf[at..]).expect("digits, a point and a sign are ASCII"))
+}
 
 /// `self.0` with `self.1` digits after the point, as `{:.N}` writes it
 /// (rounding half to even). Widths and alignment apply (`{:>10}`); a
@@ -17,40 +97,17 @@ pub(crate) struct Fixed(pub f64, pub u32);
 impl fmt::Display for Fixed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Fixed(x, places) = *self;
-        let scaled = (x * 10f64.powi(places as i32)).abs().round_ties_even();
-        // Past 10^15 an f64 no longer holds every integer's neighbours
-        // apart from it, and NaN and infinities are not numbers to scale.
-        if !scaled.is_finite() || scaled >= 1e15 {
-            return f.pad(&format!("{x:.*}", places as usize));
+        let mut buf = [0u8; 32];
+        match digits(&mut buf, x, places) {
+            Some(s) => f.pad(s),
+            None => f.pad(&format!("{x:.*}", places as usize)),
         }
-        let mut n = scaled as u64;
-        let mut buf = [0u8; 24];
-        let mut at = buf.len();
-        let mut digits = 0;
-        loop {
-            if digits == places && places > 0 {
-                at -= 1;
-                buf[at] = b'.';
-            }
-            at -= 1;
-            buf[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            digits += 1;
-            if n == 0 && digits > places {
-                break;
-            }
-        }
-        if x.is_sign_negative() {
-            at -= 1;
-            buf[at] = b'-';
-        }
-        f.pad(std::str::from_utf8(&buf[at..]).expect("digits, a point and a sign are ASCII"))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Fixed;
+    use super::{push_fixed, Fixed, MAX_PLACES};
     use crate::profile::test_rng::Rng;
 
     #[test]
@@ -67,43 +124,51 @@ mod tests {
             1e-9,
             -1e-9,
             999.9995,
+            0.00005,
+            0.00015,
             1e14,
             1e16,
+            1e19,
+            9.3e18,
+            f64::MIN_POSITIVE,
+            5e-324,
+            f64::MAX,
             f64::NAN,
         ];
         values.extend([f64::INFINITY, f64::NEG_INFINITY, -3.25, 12345.678]);
-        for _ in 0..200_000 {
+        // Exact ties at every place count, and their neighbours.
+        for k in 0..2_000u32 {
+            for places in 0..=MAX_PLACES {
+                let tie = (2 * k + 1) as f64 / 2.0 / 10f64.powi(places as i32);
+                values.extend([
+                    tie,
+                    f64::from_bits(tie.to_bits() + 1),
+                    f64::from_bits(tie.to_bits() - 1),
+                ]);
+            }
+            // Binary fractions, exact in an f64: halves at 2 and 4 places.
+            values.push(k as f64 / 8.0 + 0.125);
+            values.push(k as f64 / 32.0 + 0.03125 / 16.0);
+        }
+        for _ in 0..50_000 {
             let r = rng.next_u64();
-            // Magnitudes from 1e-6 to 1e9 (a report's times and counts),
-            // and both signs.
+            // Magnitudes from 1e-6 to 1e9 (a report's times and counts,
+            // a flame graph's percentages), and both signs.
             let mag = 10f64.powi((r % 16) as i32 - 6);
             let x = rng.unit() * mag;
             values.push(if r & (1 << 40) != 0 { -x } else { x });
+            // And any bits at all.
+            values.push(f64::from_bits(rng.next_u64()));
         }
-        let mut near_ties = 0;
         for &x in &values {
-            for places in [0u32, 2, 3] {
-                let ours = format!("{:>12}", Fixed(x, places));
-                let std = format!("{x:>12.*}", places as usize);
-                if ours == std {
-                    continue;
-                }
-                // The scaling multiply rounds: a value within an ulp or so
-                // of a half may round the other way. Nothing else differs.
-                let scaled = (x * 10f64.powi(places as i32)).abs();
-                let off_half = (scaled - scaled.floor() - 0.5).abs();
-                assert!(
-                    off_half <= scaled * 1e-15,
-                    "{x} to {places} places: {ours:?}, std {std:?}"
-                );
-                near_ties += 1;
+            for places in [0u32, 1, 2, 3, 4, 6, 7] {
+                let want = format!("{x:>12.*}", places as usize);
+                assert_eq!(format!("{:>12}", Fixed(x, places)), want, "{x:e} to {places} places");
+                let mut pushed = String::new();
+                push_fixed(&mut pushed, x, places);
+                assert_eq!(pushed, want.trim_start(), "{x:e} to {places} places");
             }
         }
-        assert!(
-            near_ties * 10_000 < values.len(),
-            "{near_ties} near-ties in {}",
-            values.len()
-        );
         assert_eq!(format!("{:<7}|", Fixed(1.5, 2)), "1.50   |");
         assert_eq!(format!("{}", Fixed(0.004, 2)), "0.00");
         // Exact halves round to even, as std's do.

@@ -6,7 +6,7 @@
 //! folded text, of which the flame graph draws about a thousand frames:
 //! inferno took ~9 ms of the ~30 ms the reports cost at exit.
 //!
-//! [`drawable_lines`] cuts each path before its first frame that inferno
+//! [`drawable`] cuts each path before its first frame that inferno
 //! would not draw (keeping the root, whose weight counts in the total even
 //! when it is not drawn) and merges consecutive paths that become alike.
 //! inferno's frames are runs of consecutive lines that share a prefix
@@ -20,9 +20,10 @@
 //! SQLite's).
 //!
 //! The cut lines keep their order but no longer sort (`a;b` after
-//! `a;b;c`), so they are handed to inferno as a flame chart, whose only
-//! difference is that it takes the lines in the order given (reversed)
-//! instead of checking that they sort. Keeping the first narrow frame
+//! `a;b;c`), so they are drawn in the order given: by [`super::svg`] from
+//! their frame numbers, or, for names it leaves to inferno, by inferno as a
+//! flame chart, whose only difference is that it takes the lines in the
+//! order given (reversed) instead of checking that they sort. Keeping the first narrow frame
 //! instead, as this did first, kept them sorted but drew the same graph
 //! from 2.2 times as many lines and frames (QuickJS: 2,362 lines and 36,900
 //! frames against 1,056 and 15,600).
@@ -31,18 +32,52 @@ use super::report::{folded_names, folded_weight, Report};
 use std::fmt::Write as _;
 
 /// Frames the two paths share from the root, frames compared by `canon`
-/// (see [`drawable_lines`]).
+/// (see [`Cut::canon`]).
 fn shared_depth(canon: &[u32], a: &[u32], b: &[u32]) -> usize {
     // An index past the names (a report built by hand) prints as `?`.
     let c = |f: u32| canon.get(f as usize).copied().unwrap_or(u32::MAX);
     a.iter().zip(b).take_while(|(x, y)| c(**x) == c(**y)).count()
 }
 
+/// The folded lines that a flame graph with `min_width` (inferno's
+/// option, percent of the total) draws, as frame numbers into `folded`.
+pub(crate) struct Cut<'a> {
+    /// Each name as the folded stacks write it.
+    pub(crate) folded: Vec<std::borrow::Cow<'a, str>>,
+    /// Each name's number among the names that print alike (the first
+    /// such name's): inferno's frames are names as printed.
+    pub(crate) canon: Vec<u32>,
+    /// The cut lines, in the folded stacks' order: frames, weight.
+    pub(crate) lines: Vec<(&'a [u32], u64)>,
+}
+
+impl Cut<'_> {
+    /// Frames the two paths share from the root.
+    pub(crate) fn shared_depth(&self, a: &[u32], b: &[u32]) -> usize {
+        shared_depth(&self.canon, a, b)
+    }
+
+    /// The lines as folded text, which inferno draws as the cut graph.
+    pub(crate) fn text(&self) -> String {
+        let mut out = String::new();
+        for &(frames, w) in &self.lines {
+            for (k, &f) in frames.iter().enumerate() {
+                if k > 0 {
+                    out.push(';');
+                }
+                out.push_str(self.folded.get(f as usize).map_or("?", |n| n));
+            }
+            let _ = writeln!(out, " {w}");
+        }
+        out
+    }
+}
+
 /// The folded lines (as [`render_folded`](super::report::render_folded)
 /// writes them, in `r`'s order) cut to what a flame graph with
 /// `min_width` (inferno's option, percent of the total) draws. `r`'s
 /// stacks must be in the order their lines sort (inferno's order).
-pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
+pub(crate) fn drawable(r: &Report, min_width: f64) -> Cut<'_> {
     let st = &r.stacks;
     let folded = folded_names(st);
     // Two frames are one to inferno when their names print alike in the
@@ -54,6 +89,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
         .enumerate()
         .map(|(i, f)| *first.entry(f.as_ref()).or_insert(i as u32))
         .collect();
+    drop(first);
     let lines: Vec<(&[u32], u64)> = st
         .paths
         .iter()
@@ -91,7 +127,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
             before += w;
         }
     }
-    let mut out = String::new();
+    let mut kept = Vec::new();
     let mut i = 0;
     while i < lines.len() {
         let frames = &lines[i].0[..cut[i]];
@@ -101,15 +137,19 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
             w += lines[i].1;
             i += 1;
         }
-        for (k, &f) in frames.iter().enumerate() {
-            if k > 0 {
-                out.push(';');
-            }
-            out.push_str(folded.get(f as usize).map_or("?", |n| n));
-        }
-        let _ = writeln!(out, " {w}");
+        kept.push((frames, w));
     }
-    out
+    Cut {
+        folded,
+        canon,
+        lines: kept,
+    }
+}
+
+/// [`drawable`]'s lines as folded text.
+#[cfg(test)]
+pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
+    drawable(r, min_width).text()
 }
 
 #[cfg(test)]
@@ -223,6 +263,59 @@ mod tests {
                 "seed {seed}: drawn from the cut lines"
             );
             same_svg(&render_svg(&r).unwrap(), &whole_svg(&r), seed);
+        }
+    }
+
+    /// The flame graph written from frame numbers (`svg.rs`) is inferno's
+    /// byte for byte, names needing escaping, truncation (by characters),
+    /// grey and annotated names included; and it is what was drawn.
+    #[test]
+    fn the_flame_graph_written_here_is_infernos() {
+        let names = [
+            "main",
+            "run",
+            "a<b>",
+            "x&y",
+            "it's",
+            "\"q\"",
+            "-",
+            "--",
+            "std::vector<int>::push_back_a_long_name_cut_short_where_narrow",
+            "ünïcödé_long_name_for_the_cut_by_characters_čćž_ünïcödé",
+            "module`function",
+            "f_[j]",
+            "g h",
+        ];
+        let mut drawn = 0;
+        for seed in 1..=20 {
+            let r = random_report(&names, seed * 0x5851_F42D, 2500);
+            let cut = drawable(&r, flame_options(&r).min_width);
+            let mut ours = Vec::new();
+            assert!(crate::profile::svg::write(&r, &cut, &mut ours).unwrap(), "seed {seed}");
+            let ours = String::from_utf8(ours).unwrap();
+            same_svg(&ours, &whole_svg(&r), seed);
+            drawn += ours.matches("<g>").count();
+        }
+        assert!(drawn > 20 * 50, "{drawn} frames drawn");
+    }
+
+    /// Names inferno's line parsing would not keep whole are left to it.
+    #[test]
+    fn names_inferno_would_split_are_left_to_it() {
+        // (A space folds to `_`; a tab stays.)
+        for odd in ["\tlead", "trail\t", "two\nlines", "cr\r"] {
+            let names = ["main", "f", odd];
+            let r = random_report(&names, 7, 300);
+            let cut = drawable(&r, flame_options(&r).min_width);
+            let mut ours = Vec::new();
+            let drawn = cut
+                .lines
+                .iter()
+                .any(|l| l.0.iter().any(|&f| &*r.stacks.names[f as usize] == odd));
+            assert!(drawn, "{odd:?}");
+            assert!(!crate::profile::svg::write(&r, &cut, &mut ours).unwrap(), "{odd:?}");
+            assert!(ours.is_empty());
+            assert!(render_svg(&r).is_ok(), "{odd:?}");
         }
     }
 

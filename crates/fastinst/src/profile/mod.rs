@@ -31,6 +31,7 @@ mod hist;
 mod local;
 mod paths;
 pub mod report;
+mod svg;
 mod table;
 #[cfg(test)]
 mod test_rng;

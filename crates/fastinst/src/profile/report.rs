@@ -895,9 +895,12 @@ fn svg_to(r: &Report, folded: Option<&str>, sorted: bool, out: &mut impl std::io
         // lines keep the folded order without sorting: a flame chart is
         // inferno's way to take lines in the order given (it reverses them
         // first, and does nothing else differently).
-        let drawable = super::flame::drawable_lines(r, opt.min_width);
+        let cut = super::flame::drawable(r, opt.min_width);
+        if super::svg::write(r, &cut, out)? {
+            return Ok(());
+        }
         opt.flame_chart = true;
-        return inferno::flamegraph::from_lines(&mut opt, drawable.lines().rev(), out);
+        return inferno::flamegraph::from_lines(&mut opt, cut.text().lines().rev(), out);
     }
     let made;
     let folded = match folded {
