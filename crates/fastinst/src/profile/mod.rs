@@ -30,6 +30,7 @@ mod functions;
 mod hist;
 mod local;
 mod paths;
+mod pathtree;
 pub mod report;
 mod svg;
 mod table;

@@ -271,7 +271,17 @@ impl Paths {
         std::ptr::addr_of!(self.nodes[node as usize].samples)
     }
 
+    /// Every node, the root first and each parent before its children:
+    /// (parent, segment, samples, self ticks).
+    pub(crate) fn snapshot(&self) -> Vec<(u32, Segment, u64, u64)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.parent, n.seg, n.samples, n.self_ticks))
+            .collect()
+    }
+
     /// Every path that ends a sample: (its node, samples, self ticks).
+    #[cfg(test)]
     pub(crate) fn sampled(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
         self.nodes
             .iter()
@@ -280,26 +290,16 @@ impl Paths {
             .map(|(i, n)| (i as u32, n.samples, n.self_ticks))
     }
 
-    /// Appends the items of `node`'s path, outermost first, to `out`
-    /// (`segs` is scratch): the report lays every path's items end to end,
-    /// where a vector per path was ~7,000 allocations, and as many frees,
-    /// at SQLite's exit.
-    pub(crate) fn append_path(&self, mut node: u32, segs: &mut Vec<Segment>, out: &mut Vec<u64>) {
-        segs.clear();
+    /// The items of `node`'s path, outermost first.
+    #[cfg(test)]
+    pub(crate) fn path_of(&self, mut node: u32) -> Vec<u64> {
+        let mut segs = Vec::new();
         while node != ROOT {
             let n = &self.nodes[node as usize];
             segs.push(n.seg);
             node = n.parent;
         }
-        out.extend(segs.iter().rev().flat_map(|s| s.items()));
-    }
-
-    /// The items of `node`'s path, outermost first.
-    #[cfg(test)]
-    pub(crate) fn path_of(&self, node: u32) -> Vec<u64> {
-        let mut out = Vec::new();
-        self.append_path(node, &mut Vec::new(), &mut out);
-        out
+        segs.iter().rev().flat_map(|s| s.items()).collect()
     }
 
     /// Nodes in use (the root included).

@@ -29,6 +29,7 @@
 //! sampled durations' order statistics.
 
 use super::decimal::Fixed;
+use super::pathtree::{self, PathTree};
 use super::thread::{FnAgg, FxMap, CALLER_TAG, GAP};
 use super::Profiler;
 use serde::{Deserialize, Serialize};
@@ -331,12 +332,9 @@ pub(crate) fn collect(p: &Profiler) -> Report {
 
     let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
     let mut edges: FxMap<(u64, u32), (u64, u64)> = FxMap::default();
-    // Paths with their samples and self ticks, their items laid end to end
-    // in `items` (`Paths::append_path`); equal ones (from several threads,
-    // or printing alike) are merged once they have names.
-    let mut items: Vec<u64> = Vec::new();
-    let mut stacks: Vec<((usize, usize), u64, u64)> = Vec::new();
-    let mut segs = Vec::new();
+    // Each thread's path trie (`paths.rs`), merged into one `PathTree`
+    // (`pathtree.rs`) by name once the names are made.
+    let mut trees = Vec::new();
     let mut stacks_merged = 0;
     for t in p.threads.lock().iter() {
         let mut a = t.agg.lock();
@@ -352,11 +350,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             e.0 += edge.calls;
             e.1 += edge.ticks;
         }
-        for (node, n, self_ticks) in a.paths.sampled() {
-            let start = items.len();
-            a.paths.append_path(node, &mut segs, &mut items);
-            stacks.push(((start, items.len()), n, self_ticks));
-        }
+        // Copied, to name outside the thread's lock.
+        trees.push(a.paths.snapshot());
     }
 
     // Function ranges, to name a return address by its instrumented caller.
@@ -374,10 +369,33 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let mut names = Names {
         p,
         ranges: &ranges,
-        names: vec!["[...]".into()],
+        names: Vec::new(),
         functions: vec![None; p.funcs.len() as usize],
         callers: FxMap::default(),
+        tree: PathTree::default(),
     };
+    names.push("[...]".into());
+    // Every thread's paths in one tree, named once per node of its own.
+    // (node, samples, self ticks, the path's last item)
+    let mut ends: Vec<(u32, u64, u64, u64)> = Vec::new();
+    for nodes in &trees {
+        let mut merged = vec![pathtree::ROOT; nodes.len()];
+        for (i, &(parent, seg, n, self_ticks)) in nodes.iter().enumerate().skip(1) {
+            debug_assert!((parent as usize) < i, "a parent is made before its children");
+            let mut node = merged[parent as usize];
+            let mut last = GAP;
+            for item in seg.items() {
+                let id = names.id(item);
+                node = names.tree.child(node, id);
+                last = item;
+            }
+            merged[i] = node;
+            if n > 0 {
+                ends.push((node, n, self_ticks, last));
+            }
+        }
+    }
+    drop(trees);
 
     let mut est: FxMap<u32, f64> = FxMap::default();
     let mut mean: FxMap<u32, f64> = FxMap::default();
@@ -448,21 +466,13 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         .collect();
     functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
 
-    let frames: Vec<u32> = items.iter().map(|&item| names.id(item)).collect();
-    let paths: Vec<NamedRow> = stacks
-        .iter()
-        .map(|&(span, n, self_ticks)| {
-            let last = *items[span.0..span.1].last().expect("a path ends at its function") as u32;
-            let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
-            let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
-            NamedRow {
-                frames: span,
-                samples: n,
-                self_ms: ms(self_ticks as f64 * scale),
-            }
-        })
-        .collect();
-    let stack_rows = used_names(&names.names, order_and_merge_named(&names.names, &frames, &paths));
+    for (node, n, self_ticks, last) in ends {
+        let last = last as u32;
+        let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
+        let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
+        names.tree.end(node, n, ms(self_ticks as f64 * scale));
+    }
+    let stack_rows = used_names(&names.names, names.tree.rows(&names.names));
 
     let c = |field: fn(&super::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
     let wall_s = wall_ns / 1e9;
@@ -521,15 +531,24 @@ struct Names<'a> {
     functions: Vec<Option<u32>>,
     /// By return address.
     callers: FxMap<u64, u32>,
+    /// The paths, over these names.
+    tree: PathTree,
 }
 
 impl Names<'_> {
+    /// Numbers `name`.
+    fn push(&mut self, name: Arc<str>) -> u32 {
+        let id = self.names.len() as u32;
+        self.tree.name(id, &name);
+        self.names.push(name);
+        id
+    }
+
     fn function(&mut self, fi: u32) -> u32 {
         if let Some(Some(id)) = self.functions.get(fi as usize) {
             return *id;
         }
-        let id = self.names.len() as u32;
-        self.names.push(fn_name(self.p, fi).into());
+        let id = self.push(fn_name(self.p, fi).into());
         if let Some(slot) = self.functions.get_mut(fi as usize) {
             *slot = Some(id);
         }
@@ -557,8 +576,7 @@ impl Names<'_> {
                         .map(|f| providers::elf::demangle(&f.name))
                 })
                 .unwrap_or_else(|| format!("[{ret:#x}]"));
-                self.names.push(name.into());
-                self.names.len() as u32 - 1
+                self.push(name.into())
             }
         };
         self.callers.insert(ret, id);
@@ -755,67 +773,6 @@ pub fn render_svg(r: &Report) -> Result<String, String> {
     String::from_utf8(out).map_err(|e| e.to_string())
 }
 
-/// A call path whose frames are numbers in a list of names, laid end to end
-/// with other paths' frames.
-struct NamedRow {
-    /// Where its frames are, outermost first.
-    frames: (usize, usize),
-    samples: u64,
-    self_ms: f64,
-}
-
-/// Puts paths in the flame graph's order (see `svg_of_folded`) and merges
-/// those that print alike: paths that differ only by return addresses in
-/// the same caller are one row. Frames are numbers in `names`, each row's in
-/// `frames`.
-///
-/// A path's folded line is its frames' tokens in turn, each a folded name
-/// and its separator (`;`, or ` ` before the weight when it is the last),
-/// and no token is a prefix of another (a separator never appears in a
-/// folded name): lines sort as their token sequences do, token by token.
-/// So every name's two tokens are ranked once, and the paths sort as
-/// sequences of ranks. Comparing names while sorting, ~100,000 times on
-/// SQLite, took ~3 ms of its report.
-fn order_and_merge_named(names: &[Arc<str>], frames: &[u32], rows: &[NamedRow]) -> Vec<StackRow> {
-    let ranks = token_ranks(names);
-    // Ranks as big-endian bytes: their byte order is their numeric order,
-    // and byte slices compare with `memcmp`. Deep paths share long
-    // prefixes (QuickJS's ~5,000 paths of ~20 frames), which an element by
-    // element comparison of `u32`s walked one at a time: the sort took 11%
-    // of the reports' time on its gcc `-finstrument-functions` build.
-    let mut keys: Vec<[u8; 4]> = frames.iter().map(|&f| ranks[f as usize][0].to_be_bytes()).collect();
-    for r in rows {
-        if r.frames.1 > r.frames.0 {
-            keys[r.frames.1 - 1] = ranks[frames[r.frames.1 - 1] as usize][1].to_be_bytes();
-        }
-    }
-    let key = |i: u32| {
-        let (a, b) = rows[i as usize].frames;
-        keys[a..b].as_flattened()
-    };
-    let mut order: Vec<u32> = (0..rows.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| key(a).cmp(key(b)));
-    let mut out: Vec<StackRow> = Vec::with_capacity(rows.len());
-    let mut kept: Option<u32> = None;
-    for i in order {
-        let r = &rows[i as usize];
-        if let (Some(k), Some(row)) = (kept, out.last_mut()) {
-            if key(k) == key(i) {
-                row.samples += r.samples;
-                row.self_ms += r.self_ms;
-                continue;
-            }
-        }
-        out.push(StackRow {
-            frames: frames[r.frames.0..r.frames.1].to_vec(),
-            samples: r.samples,
-            self_ms: r.self_ms,
-        });
-        kept = Some(i);
-    }
-    out
-}
-
 /// `paths` (frames numbered in `names`) with only the names they use,
 /// renumbered in order of first use.
 fn used_names(names: &[Arc<str>], mut paths: Vec<StackRow>) -> Stacks {
@@ -832,48 +789,18 @@ fn used_names(names: &[Arc<str>], mut paths: Vec<StackRow>) -> Stacks {
     Stacks { names: used, paths }
 }
 
-/// Each name's rank as a frame followed by more frames (`[0]`: the name
-/// folded, then `;`) and as a path's last frame (`[1]`: then ` `), among
-/// all these tokens as bytes; equal tokens share a rank.
-fn token_ranks(names: &[Arc<str>]) -> Vec<[u32; 2]> {
-    let mut tokens: Vec<(Vec<u8>, usize, usize)> = Vec::with_capacity(2 * names.len());
-    for (i, name) in names.iter().enumerate() {
-        for (last, sep) in [(0, b';'), (1, b' ')] {
-            let mut t: Vec<u8> = folded_name(name).collect();
-            t.push(sep);
-            tokens.push((t, i, last));
-        }
-    }
-    tokens.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut ranks = vec![[0u32; 2]; names.len()];
-    let mut rank = 0u32;
-    for (j, (t, i, last)) in tokens.iter().enumerate() {
-        if j > 0 && tokens[j - 1].0 != *t {
-            rank += 1;
-        }
-        ranks[*i][*last] = rank;
-    }
-    ranks
-}
-
-/// [`order_and_merge_named`] for paths built by hand (tests).
+/// Paths built by hand (tests) put in order and merged as [`collect`] does.
 #[cfg(test)]
 pub(super) fn order_and_merge(st: &mut Stacks) {
-    let mut frames = Vec::new();
-    let named: Vec<NamedRow> = st
-        .paths
-        .drain(..)
-        .map(|r| {
-            let start = frames.len();
-            frames.extend(&r.frames);
-            NamedRow {
-                frames: (start, frames.len()),
-                samples: r.samples,
-                self_ms: r.self_ms,
-            }
-        })
-        .collect();
-    *st = used_names(&st.names, order_and_merge_named(&st.names, &frames, &named));
+    let mut tree = PathTree::default();
+    for (i, n) in st.names.iter().enumerate() {
+        tree.name(i as u32, n);
+    }
+    for r in &st.paths {
+        let node = tree.path(&r.frames);
+        tree.end(node, r.samples, r.self_ms);
+    }
+    *st = used_names(&st.names, tree.rows(&st.names));
 }
 
 /// A frame's name as the folded stacks write it: `;` separates frames and
