@@ -51,7 +51,7 @@ fn scaled(x: f64, places: u32) -> Option<u64> {
 }
 
 /// Writes `x` with `places` digits after the point into `out` as `{:.N}`
-/// writes it (no padding), through [`scaled`].
+/// writes it (rounding half to even), through [`scaled`].
 pub(crate) fn push_fixed(out: &mut String, x: f64, places: u32) {
     let mut buf = [0u8; 32];
     match digits(&mut buf, x, places) {
@@ -88,26 +88,9 @@ fn digits(buf: &mut [u8; 32], x: f64, places: u32) -> Option<&str> {
     Some(std::str::from_utf8(&buf[at..]).expect("digits, a point and a sign are ASCII"))
 }
 
-/// `self.0` with `self.1` digits after the point, as `{:.N}` writes it
-/// (rounding half to even). Widths and alignment apply (`{:>10}`); a
-/// precision does not (the digits are `self.1`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Fixed(pub f64, pub u32);
-
-impl fmt::Display for Fixed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Fixed(x, places) = *self;
-        let mut buf = [0u8; 32];
-        match digits(&mut buf, x, places) {
-            Some(s) => f.pad(s),
-            None => f.pad(&format!("{x:.*}", places as usize)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{push_fixed, Fixed, MAX_PLACES};
+    use super::{push_fixed, MAX_PLACES};
     use crate::profile::test_rng::Rng;
 
     #[test]
@@ -162,23 +145,22 @@ mod tests {
         }
         for &x in &values {
             for places in [0u32, 1, 2, 3, 4, 6, 7] {
-                let want = format!("{x:>12.*}", places as usize);
-                assert_eq!(format!("{:>12}", Fixed(x, places)), want, "{x:e} to {places} places");
                 let mut pushed = String::new();
                 push_fixed(&mut pushed, x, places);
-                assert_eq!(pushed, want.trim_start(), "{x:e} to {places} places");
+                assert_eq!(pushed, format!("{x:.*}", places as usize), "{x:e} to {places} places");
             }
         }
-        assert_eq!(format!("{:<7}|", Fixed(1.5, 2)), "1.50   |");
-        assert_eq!(format!("{}", Fixed(0.004, 2)), "0.00");
         // Exact halves round to even, as std's do.
         for (x, places, want) in [
             (1234.5, 0, "1234"),
             (2.5, 0, "2"),
             (0.125, 2, "0.12"),
             (0.375, 2, "0.38"),
+            (0.004, 2, "0.00"),
         ] {
-            assert_eq!(Fixed(x, places).to_string(), want);
+            let mut pushed = String::new();
+            push_fixed(&mut pushed, x, places);
+            assert_eq!(pushed, want);
             assert_eq!(format!("{x:.*}", places as usize), want);
         }
     }

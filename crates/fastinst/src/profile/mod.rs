@@ -972,17 +972,23 @@ pub(crate) fn write_reports(on_demand: bool) {
         began.elapsed()
     ));
     match written {
-        Ok(paths) => eprintln!(
-            "fastinst: profile of {} functions ({} samples) written to {} (also {})",
-            r.functions.len(),
-            r.overhead.samples,
-            paths[0].display(),
-            paths[1..]
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Ok(paths) => {
+            // One line, made whole first: stderr is unbuffered, and
+            // `eprintln!` writes each piece with a system call of its own
+            // (9 here), between which the program's own output could fall.
+            let line = format!(
+                "fastinst: profile of {} functions ({} samples) written to {} (also {})\n",
+                r.functions.len(),
+                r.overhead.samples,
+                paths[0].display(),
+                paths[1..]
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
         Err(e) => crate::log::error(format_args!("cannot write the profile to {}: {e}", p.out.display())),
     }
     if !on_demand {
