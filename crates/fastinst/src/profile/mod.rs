@@ -28,6 +28,7 @@ mod exhausted;
 mod flame;
 mod functions;
 mod hist;
+mod json;
 mod local;
 mod paths;
 mod pathtree;

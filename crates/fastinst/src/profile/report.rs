@@ -942,7 +942,7 @@ pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     };
     put(path("txt"), &mut |w| fmt_io(w, |f| text_to(r, f)))?;
     put(path("json"), &mut |w| {
-        serde_json::to_writer(&mut *w, r).map_err(std::io::Error::other)?;
+        super::json::write(r, w)?;
         w.write_all(b"\n")
     })?;
     if r.stacks.paths.iter().any(|st| folded_weight(st) > 0) {
