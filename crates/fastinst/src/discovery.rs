@@ -46,6 +46,8 @@ pub(crate) struct State {
     pub modules: Modules,
     next_module: u32,
     names: HashMap<u64, &'static CStr>,
+    /// Where those names are kept.
+    name_store: NameStore,
     pub callbacks: Vec<Callback>,
     /// Whether to rewrite `this_fn` loads (`FASTINST_REWRITE`).
     pub rewrite: bool,
@@ -84,6 +86,7 @@ impl State {
             modules,
             next_module: next,
             names: HashMap::new(),
+            name_store: NameStore::default(),
             callbacks: Vec::new(),
             rewrite: REWRITE.load(Ordering::Relaxed),
             sled_modules: Default::default(),
@@ -176,12 +179,50 @@ impl State {
         let name = func.map_or("", |func| func.name.as_str());
         // Symbol names end at their NUL, so only a name from elsewhere
         // needs its NULs taken out.
-        let c = CString::new(name)
-            .or_else(|_| CString::new(name.replace('\0', "")))
-            .unwrap_or_default();
-        let c: &'static CStr = Box::leak(c.into_boxed_c_str());
+        let c = if name.contains('\0') {
+            self.name_store.keep(name.replace('\0', "").as_bytes())
+        } else {
+            self.name_store.keep(name.as_bytes())
+        };
         self.names.insert(f, c);
         c
+    }
+
+    /// Makes room for `n` more function names.
+    pub(crate) fn reserve_names(&mut self, n: usize) {
+        self.names.reserve(n);
+    }
+}
+
+/// Function names kept for the process's life (probes hand them out as
+/// `&'static CStr`), laid end to end in leaked chunks: a block of its own
+/// each, as they were, was an allocation per function at start-up (QuickJS:
+/// ~1,300, SQLite ~1,500).
+#[derive(Default)]
+struct NameStore {
+    rest: &'static mut [u8],
+}
+
+impl NameStore {
+    /// Bytes per chunk; a longer name gets a block of its own.
+    const CHUNK: usize = 64 << 10;
+
+    /// `bytes` (no NUL inside) with a NUL after them, kept.
+    fn keep(&mut self, bytes: &[u8]) -> &'static CStr {
+        let need = bytes.len() + 1;
+        if need > Self::CHUNK / 8 {
+            let c = CString::new(bytes).unwrap_or_default();
+            return Box::leak(c.into_boxed_c_str());
+        }
+        if self.rest.len() < need {
+            self.rest = Box::leak(vec![0u8; Self::CHUNK].into_boxed_slice());
+        }
+        let (mine, rest) = std::mem::take(&mut self.rest).split_at_mut(need);
+        self.rest = rest;
+        mine[..bytes.len()].copy_from_slice(bytes);
+        mine[bytes.len()] = 0;
+        let mine: &'static [u8] = mine;
+        CStr::from_bytes_with_nul(mine).unwrap_or_default()
     }
 }
 
@@ -495,7 +536,8 @@ pub(crate) fn forget_modules(gone: &[Arc<Module>]) {
 
 #[cfg(test)]
 mod tests {
-    use super::is_part_of;
+    use super::{is_part_of, NameStore};
+    use std::ffi::CStr;
 
     #[test]
     fn clones_and_cold_parts_are_the_functions_own_code() {
@@ -507,6 +549,22 @@ mod tests {
         // name with no suffix (an alias is handled by its address).
         for (holder, f) in [("fx", "f"), ("f_cold", "f"), ("g.cold", "f"), ("f", "f"), (".cold", "")] {
             assert!(!is_part_of(holder, f), "{holder} is not part of {f:?}");
+        }
+    }
+
+    #[test]
+    fn kept_names_read_back_across_chunks() {
+        let mut store = NameStore::default();
+        let names: Vec<String> = (0..20_000)
+            .map(|i| match i % 97 {
+                0 => "x".repeat(NameStore::CHUNK / 8 + i % 5),
+                1 => String::new(),
+                _ => format!("function_{i}_{}", "y".repeat(i % 40)),
+            })
+            .collect();
+        let kept: Vec<&'static CStr> = names.iter().map(|n| store.keep(n.as_bytes())).collect();
+        for (n, c) in names.iter().zip(&kept) {
+            assert_eq!(c.to_bytes(), n.as_bytes());
         }
     }
 }

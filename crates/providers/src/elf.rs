@@ -52,14 +52,16 @@ impl SymbolTable {
     pub fn from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
         let mut funcs: Vec<(Function, u8)> = Vec::new();
         each_function(sections, bytes, bias, |start, size, name, rank| {
-            funcs.push((
-                Function {
-                    start,
-                    size,
-                    name: name.into_owned(),
-                },
-                rank,
-            ))
+            if let Some(name) = name() {
+                funcs.push((
+                    Function {
+                        start,
+                        size,
+                        name: name.into_owned(),
+                    },
+                    rank,
+                ))
+            }
         })?;
         // Stable: of the names at one start and rank (code folded by the
         // linker), the first in the file is kept, as `function_at` keeps it.
@@ -87,7 +89,8 @@ impl SymbolTable {
     pub fn function_at(sections: &Sections, bytes: &[u8], bias: u64, addr: u64) -> Result<Option<Function>, ElfError> {
         // (start, rank, size, name) of the best candidate so far: the
         // highest start at or below `addr`, and of those the lowest rank
-        // (the one `from_sections` keeps).
+        // (the one `from_sections` keeps), among the named; a name is read
+        // only for a symbol that would be the best.
         let mut best: Option<(u64, u8, u64, std::borrow::Cow<str>)> = None;
         each_function(sections, bytes, bias, |start, size, name, rank| {
             if start > addr {
@@ -97,7 +100,9 @@ impl SymbolTable {
                 .as_ref()
                 .is_none_or(|b| start > b.0 || (start == b.0 && rank < b.1))
             {
-                best = Some((start, rank, size, name));
+                if let Some(name) = name() {
+                    best = Some((start, rank, size, name));
+                }
             }
         })?;
         Ok(best.and_then(|(start, _, size, name)| {
@@ -147,21 +152,23 @@ impl SymbolTable {
 /// Calls `visit(start, size, name, rank)` for each defined function symbol
 /// of `.symtab` and `.dynsym`, its start moved by `bias`. `rank` orders the
 /// symbols that share a start, lowest first: `.symtab` before `.dynsym`,
-/// global before local.
+/// global before local. `name` reads the symbol's name when called: most
+/// symbols of a table are not functions, and a caller after one address
+/// needs one name, not thousands (each a UTF-8 check, and a copy where it
+/// is not valid).
 fn each_function<'a>(
     sections: &Sections<'a>,
     bytes: &'a [u8],
     bias: u64,
-    mut visit: impl FnMut(u64, u64, std::borrow::Cow<'a, str>, u8),
+    mut visit: impl FnMut(u64, u64, &dyn Fn() -> Option<std::borrow::Cow<'a, str>>, u8),
 ) -> Result<(), ElfError> {
-    let mut add = |s: &sym::Sym, name: Option<std::borrow::Cow<'a, str>>, rank: u8| {
+    let mut add = |s: &sym::Sym, name: &dyn Fn() -> Option<std::borrow::Cow<'a, str>>, rank: u8| {
         if s.st_type() != sym::STT_FUNC && s.st_type() != sym::STT_GNU_IFUNC {
             return;
         }
         if s.st_shndx == 0 || s.st_value == 0 {
             return;
         }
-        let Some(name) = name else { return };
         visit(
             s.st_value.wrapping_add(bias),
             s.st_size,
@@ -173,14 +180,14 @@ fn each_function<'a>(
         let elf = Elf::parse(bytes)?;
         for (syms, strs, rank) in [(&elf.syms, &elf.strtab, 0u8), (&elf.dynsyms, &elf.dynstrtab, 2u8)] {
             for s in syms.iter() {
-                add(&s, strs.get_at(s.st_name).map(Into::into), rank);
+                add(&s, &|| strs.get_at(s.st_name).map(Into::into), rank);
             }
         }
     } else {
         for t in sections.symbol_tables() {
             let rank = if t.kind == SHT_SYMTAB { 0 } else { 2 };
             for s in t.symbols.iter() {
-                add(&s, t.name(s.st_name), rank);
+                add(&s, &|| t.name(s.st_name), rank);
             }
         }
     }

@@ -238,6 +238,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         return;
     }
     let ids: Vec<u32> = (0..sleds.len() as u32).map(|i| base + 2 * i).collect();
+    s.reserve_names(sleds.len());
     let Some(stubs) = trampoline::make_stubs(lo, hi, &ids) else {
         crate::log::warn(format_args!(
             "no memory within reach of {}; its sleds are not registered",
