@@ -375,20 +375,20 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     };
     names.push("[...]".into());
     // Every thread's paths in one tree, named once per node of its own.
-    // (node, samples, self ticks, the path's last item)
+    // (node, samples, self ticks, the path's last item: its function)
     let mut ends: Vec<(u32, u64, u64, u64)> = Vec::new();
     for nodes in &trees {
-        let mut merged = vec![pathtree::ROOT; nodes.len()];
+        // Per node of the thread's trie: its node here, its path's last item.
+        let mut merged = vec![(pathtree::ROOT, GAP); nodes.len()];
         for (i, &(parent, seg, n, self_ticks)) in nodes.iter().enumerate().skip(1) {
             debug_assert!((parent as usize) < i, "a parent is made before its children");
-            let mut node = merged[parent as usize];
-            let mut last = GAP;
+            let (mut node, mut last) = merged[parent as usize];
             for item in seg.items() {
                 let id = names.id(item);
                 node = names.tree.child(node, id);
                 last = item;
             }
-            merged[i] = node;
+            merged[i] = (node, last);
             if n > 0 {
                 ends.push((node, n, self_ticks, last));
             }
@@ -466,9 +466,14 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
 
     for (node, n, self_ticks, last) in ends {
-        let last = last as u32;
-        let sampled = fns.get(&last).map(|x| x.0.n).unwrap_or(0).max(1);
-        let scale = est.get(&last).copied().unwrap_or(0.0) / sampled as f64;
+        // A sample's path ends at its function; anything else has no scale.
+        let scale = match (last != GAP && last & CALLER_TAG == 0).then_some(last as u32) {
+            Some(fi) => {
+                let sampled = fns.get(&fi).map(|x| x.0.n).unwrap_or(0).max(1);
+                est.get(&fi).copied().unwrap_or(0.0) / sampled as f64
+            }
+            None => 0.0,
+        };
         names.tree.end(node, n, ms(self_ticks as f64 * scale));
     }
     let stack_rows = used_names(&names.names, names.tree.rows(&names.names));
