@@ -156,26 +156,7 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
 mod tests {
     use super::*;
     use crate::profile::report::{flame_options, lines_sorted, order_and_merge, render_folded, render_svg};
-    use crate::profile::report::{Overhead, SettingsOut, Stacks};
-
-    fn report(stacks: Stacks) -> Report {
-        Report {
-            schema: "test".into(),
-            program: "t".into(),
-            pid: 1,
-            wall_ms: 1.0,
-            tsc_mhz: 1.0,
-            settings: SettingsOut {
-                samples_per_window: 10,
-                epoch_ms: 10.0,
-                inlined: false,
-            },
-            overhead: Overhead::default(),
-            functions: Vec::new(),
-            edges: Vec::new(),
-            stacks,
-        }
-    }
+    use crate::profile::report::{test_report, Stacks};
 
     /// inferno on the whole folded stacks, as the reports drew it before.
     fn whole_svg(r: &Report) -> String {
@@ -213,7 +194,7 @@ mod tests {
             .collect();
         let mut st = Stacks::from_named(paths);
         order_and_merge(&mut st);
-        report(st)
+        test_report(st)
     }
 
     #[test]

@@ -838,6 +838,27 @@ fn used_names(names: &[Arc<str>], mut paths: Vec<StackRow>) -> Stacks {
     Stacks { names: used, paths }
 }
 
+/// A report of `stacks` alone, the rest made up (tests).
+#[cfg(test)]
+pub(super) fn test_report(stacks: Stacks) -> Report {
+    Report {
+        schema: "test".into(),
+        program: "t".into(),
+        pid: 1,
+        wall_ms: 1.0,
+        tsc_mhz: 1.0,
+        settings: SettingsOut {
+            samples_per_window: 10,
+            epoch_ms: 10.0,
+            inlined: false,
+        },
+        overhead: Overhead::default(),
+        functions: Vec::new(),
+        edges: Vec::new(),
+        stacks,
+    }
+}
+
 /// Paths built by hand (tests) put in order and merged as [`collect`] does.
 #[cfg(test)]
 pub(super) fn order_and_merge(st: &mut Stacks) {
@@ -1070,20 +1091,9 @@ mod tests {
             .unwrap();
         }
         let r = Report {
-            schema: SCHEMA.into(),
-            program: "p".into(),
-            pid: 1,
-            wall_ms: 1.0,
-            tsc_mhz: 1.0,
-            settings: SettingsOut {
-                samples_per_window: 10,
-                epoch_ms: 10.0,
-                inlined: false,
-            },
-            overhead: Overhead::default(),
             functions,
             edges,
-            stacks: Stacks::default(),
+            ..test_report(Stacks::default())
         };
         let text = render_text(&r);
         let rows = text.split_once(" function\n").expect("the functions' header").1;
