@@ -4,10 +4,11 @@
 //! The paths are most of the document's values (SQLite: ~4,300 paths of
 //! ~12 frames, QuickJS ~2,400 of ~15), and through serde each frame number
 //! is a serializer call that writes a separator and the digits as two
-//! writes: ~0.7 ms of QuickJS's and SQLite's reports at exit. Here the
-//! rest of the report goes through serde as before, and each path is made
-//! in one buffer with the digits serde_json itself would write (its `itoa`
-//! and `zmij`, `null` for a number that is not finite) and written once.
+//! writes. Here the rest of the report goes through serde as before, and
+//! each path is made in one buffer with the digits serde_json itself would
+//! write (its `itoa` and `zmij`, `null` for a number that is not finite)
+//! and written once. A modest gain: on QuickJS the paths' part of the
+//! JSON writer's CPU samples fell by about a fifth.
 //! [`write`] is tested equal, byte for byte, to `serde_json::to_writer` of
 //! the whole report.
 

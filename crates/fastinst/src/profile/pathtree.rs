@@ -16,9 +16,10 @@
 //! This replaced laying every path's frames end to end and sorting the
 //! paths as sequences of token ranks: on SQLite's ~4,300 paths of ~12
 //! frames that was a name lookup per frame and a sort comparing shared
-//! prefixes again and again, ~1.3 ms of the ~2.1 ms the report took to
-//! collect at exit. Here a name is looked up once per node of a thread's
-//! own path trie, which already shares the prefixes.
+//! prefixes again and again. Here a name is looked up once per node of a
+//! thread's own path trie, which already shares the prefixes: collecting
+//! the report at exit went from 2.27 to 1.99 ms on SQLite and from 1.52 to
+//! 1.21 ms on QuickJS (gcc sled builds, medians of 9 interleaved runs).
 
 use super::report::{folded_name, StackRow};
 use super::thread::FxMap;
