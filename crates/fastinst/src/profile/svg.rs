@@ -67,7 +67,8 @@ pub(crate) fn write(r: &Report, cut: &Cut<'_>, out: &mut impl std::io::Write) ->
     let Some(header) = header(r, depthmax)? else {
         return Ok(false);
     };
-    let image_width = opt.image_width.unwrap_or(1200) as f64;
+    // inferno's default width is private: the header's is the one it used.
+    let image_width = header.width as f64;
     let imageheight = header.height;
     let ypad2 = opt.font_size * 2 + 10;
 
@@ -207,9 +208,10 @@ fn close(frames: &mut Vec<Frame>, open: &mut Vec<(u32, u64)>, depth: usize, time
     open.truncate(depth);
 }
 
-/// inferno's SVG up to the frames' total, and the image height.
+/// inferno's SVG up to the frames' total, and the image's size.
 struct Header {
     prefix: String,
+    width: usize,
     height: usize,
 }
 
@@ -227,18 +229,22 @@ fn header(r: &Report, depthmax: usize) -> std::io::Result<Option<Header>> {
     inferno::flamegraph::from_lines(&mut one, std::iter::once(line.as_str()), &mut svg)?;
     let svg = String::from_utf8(svg).map_err(std::io::Error::other)?;
     const TOTAL: &str = "total_samples=\"1\">";
-    let (Some(at), Some(height)) = (svg.find(TOTAL), image_height(&svg)) else {
+    let (Some(at), Some(width), Some(height)) =
+        (svg.find(TOTAL), image_size(&svg, "width"), image_size(&svg, "height"))
+    else {
         return Ok(None);
     };
     let prefix = svg[..at + TOTAL.len() - "1\">".len()].to_string();
-    Ok(Some(Header { prefix, height }))
+    Ok(Some(Header { prefix, width, height }))
 }
 
-/// The `height` of the first `<svg ` element.
-fn image_height(svg: &str) -> Option<usize> {
+/// Attribute `name` (`width`, `height`) of the first `<svg ` element: the
+/// image's size as inferno chose it.
+fn image_size(svg: &str, name: &str) -> Option<usize> {
     let tag = &svg[svg.find("<svg ")?..];
     let tag = &tag[..tag.find('>')?];
-    let value = &tag[tag.find(" height=\"")? + " height=\"".len()..];
+    let key = format!(" {name}=\"");
+    let value = &tag[tag.find(&key)? + key.len()..];
     value[..value.find('"')?].parse().ok()
 }
 
