@@ -35,22 +35,71 @@ pub struct HookContext {
     /// call that entered it) when the provider knows it exactly (sled
     /// probes); 0 when it must be found from `stack` and `call_site`.
     pub cfa: usize,
+    /// The TSC when the hook began, before it did anything else, while
+    /// hooks time themselves ([`crate::clock`]); 0 otherwise.
+    pub started: u64,
 }
 
 /// The context of the hook whose handler is running on this thread. Only
 /// meaningful inside a probe handler; elsewhere it is the last hook's.
 pub fn context() -> HookContext {
-    let (a, b, c) = tls::ctx_get();
+    let (a, b, c, d) = tls::ctx_get();
     HookContext {
         call_site: a as usize,
         stack: b as usize,
         cfa: c as usize,
+        started: d,
     }
+}
+
+/// The function's CFA: as the provider gives it (sled probes), else just
+/// above the slot holding `call_site` (its return address), searched upward from its stack pointer at the hook. The search
+/// starts one word lower: a tail-jump exit (`pop rbx; jmp exit_hook`)
+/// reaches the hook with the function's own return address on top of the
+/// stack; a called hook has its own return address there, which is never
+/// `call_site`.
+#[inline]
+pub(crate) fn cfa(ctx: HookContext) -> Option<u64> {
+    const WORDS: usize = 256;
+    if ctx.cfa != 0 {
+        return Some(ctx.cfa as u64);
+    }
+    let mut p = (ctx.stack & !7) - 8;
+    for _ in 0..WORDS {
+        // SAFETY: above an instrumented function's stack pointer lie its
+        // frame, its callers' frames, then glibc's thread descriptor (or the
+        // main thread's environment): 2 KiB up is mapped stack memory.
+        let v = unsafe { std::ptr::read_volatile(p as *const usize) };
+        if v == ctx.call_site {
+            return Some(p as u64 + 8);
+        }
+        p += 8;
+    }
+    None
 }
 
 thread_local! {
     /// Set while this thread runs discovery.
     pub(crate) static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The hook stubs' first instructions: the TSC into `r8` (the fast path's
+/// fifth argument) while hooks time themselves ([`crate::clock`]), else 0.
+/// `rax`, `rdx` and `r8` are free: the hooks are called as ordinary
+/// functions of two arguments.
+macro_rules! stamp {
+    () => {
+        concat!(
+            "xor r8d, r8d\n",
+            "cmp byte ptr [rip + {clocked}], 0\n",
+            "je 2f\n",
+            "rdtsc\n",
+            "shl rdx, 32\n",
+            "or rax, rdx\n",
+            "mov r8, rax\n",
+            "2:"
+        )
+    };
 }
 
 /// The entry hook gcc and clang call (`-finstrument-functions`).
@@ -60,7 +109,7 @@ thread_local! {
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!("mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym enter_fast)
+    core::arch::naked_asm!(stamp!(), "mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym enter_fast, clocked = sym crate::clock::FASTINST_CLOCKED)
 }
 
 /// The exit hook gcc and clang call (`-finstrument-functions`).
@@ -70,7 +119,7 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, ca
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!("mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym exit_fast)
+    core::arch::naked_asm!(stamp!(), "mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym exit_fast, clocked = sym crate::clock::FASTINST_CLOCKED)
 }
 
 /// The hooks' addresses, as the site recogniser compares them.
@@ -81,16 +130,16 @@ pub(crate) fn hooks() -> Hooks {
     }
 }
 
-extern "C" fn enter_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
-    hook(HookKind::Enter, this_fn, ret, call_site, stack)
+extern "C" fn enter_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) {
+    hook(HookKind::Enter, this_fn, ret, call_site, stack, started)
 }
 
-extern "C" fn exit_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
-    hook(HookKind::Exit, this_fn, ret, call_site, stack)
+extern "C" fn exit_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) {
+    hook(HookKind::Exit, this_fn, ret, call_site, stack, started)
 }
 
 #[inline(always)]
-fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
+fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, started: u64) {
     let id = match providers::tag::decode(this_fn, LOW_LIMIT.load(Ordering::Relaxed)) {
         Some(id) => id,
         None => match sitetable::get(key::ret(ret)) {
@@ -99,17 +148,45 @@ fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64) {
             // hook, so a good share of exits), found by its function.
             None => match sitetable::get(key::function(this_fn, kind as u8)) {
                 Some(id) if !undiscovered_call(id, ret, call_site) => id,
-                by_function => return slow(kind, this_fn, ret, call_site, stack, by_function),
+                by_function => return slow(kind, this_fn, ret, call_site, stack, by_function, started),
             },
         },
     };
-    fire(id, call_site, stack, 0)
+    fire(id, call_site, stack, 0, started)
 }
 
 /// Runs probe `id`'s handler, if it has one, under the recursion guard,
-/// with the hook's context published for [`context`].
+/// with the hook's context published for [`context`]. `started` is the
+/// hook's TSC stamp (0 when hooks do not time themselves): the hook's
+/// time, up to the handler's return, goes to the thread's clock.
 #[inline(always)]
-pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
+pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
+    // A hook inside a handler is part of that handler's hook, which counts
+    // its whole time: it is not charged again.
+    let started = if started != 0 && guard_get() { 0 } else { started };
+    let clock = crate::clock::begin(started);
+    fire_inner(id, call_site, stack, cfa, started);
+    crate::clock::end(clock, started);
+}
+
+/// [`fire`] for a caller that charges the hook's time itself (the sled
+/// trampolines, whose work after the handler is the hook's too).
+#[inline(always)]
+pub(crate) fn fire_unclocked(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
+    fire_inner(id, call_site, stack, cfa, started)
+}
+
+/// Asks the sled entry trampoline running this handler not to watch the
+/// call's exit (not to substitute its return address) although the exit
+/// probe is on: an entry handler that counts a call without timing it.
+/// No effect elsewhere (a `-finstrument-functions` exit is its own site).
+#[inline(always)]
+pub fn decline_exit() {
+    tls::set_exit_declined(1);
+}
+
+#[inline(always)]
+fn fire_inner(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
     let Some(p) = registry::get(id) else { return };
     let h = p.handler.load(Ordering::Acquire);
     if h == 0 {
@@ -125,7 +202,7 @@ pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64) {
         return;
     }
     guard_set(true);
-    tls::ctx_set(call_site, stack, cfa);
+    tls::ctx_set(call_site, stack, cfa, started);
     h(id);
     guard_set(false);
 }
@@ -170,7 +247,15 @@ fn undiscovered_call(id: ProbeId, ret: u64, call_site: u64) -> bool {
 
 #[cold]
 #[inline(never)]
-fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, by_function: Option<ProbeId>) {
+fn slow(
+    kind: HookKind,
+    this_fn: u64,
+    ret: u64,
+    call_site: u64,
+    stack: u64,
+    by_function: Option<ProbeId>,
+    started: u64,
+) {
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
         // handler that interrupted it) or from a handler: not discovered
@@ -190,8 +275,13 @@ fn slow(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, by_f
     });
     IN_DISCOVERY.with(|d| d.set(false));
     match r {
-        Ok(Some(id)) => fire(id, call_site, stack, 0),
-        Ok(None) => {}
-        Err(_) => crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched")),
+        // Discovery is the runtime's time too: the handler then starts
+        // from the hook's own stamp.
+        Ok(Some(id)) => fire(id, call_site, stack, 0, started),
+        Ok(None) => crate::clock::end(crate::clock::begin(started), started),
+        Err(_) => {
+            crate::clock::end(crate::clock::begin(started), started);
+            crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched"))
+        }
     }
 }

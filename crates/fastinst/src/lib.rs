@@ -29,6 +29,7 @@
 
 pub mod api;
 pub mod capi;
+pub mod clock;
 mod discovery;
 pub mod error;
 mod heap;
@@ -49,6 +50,7 @@ pub mod stats;
 mod tls;
 mod toggle;
 pub mod tools;
+mod trace;
 
 /// While the program runs, every allocation of this library's Rust code
 /// comes from its own mappings, not from the program's `malloc` heap (see

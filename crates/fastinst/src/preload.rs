@@ -213,6 +213,9 @@ extern "C" fn at_exit() {
         if TOOL.load(Ordering::Relaxed) == Tool::Profile as u8 {
             crate::profile::write_reports(false);
         }
+        if TOOL.load(Ordering::Relaxed) == Tool::Trace as u8 {
+            crate::trace::write_reports();
+        }
         if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
             let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
             match tools::write_counts(&dir) {
@@ -254,6 +257,9 @@ extern "C" fn fork_child() {
     crate::sled::watch_after_fork();
     if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
         tools::reset_counts();
+    }
+    if TOOL.load(Ordering::Relaxed) == Tool::Trace as u8 {
+        crate::trace::fork_child();
     }
 }
 

@@ -22,14 +22,26 @@ core::arch::global_asm!(
     ".globl fastinst_hook_ctx",
     ".hidden fastinst_hook_ctx",
     ".type fastinst_hook_ctx,@object",
-    ".size fastinst_hook_ctx,24",
+    ".size fastinst_hook_ctx,32",
     "fastinst_hook_ctx:",
-    ".zero 24",
+    ".zero 32",
     ".globl fastinst_profile_store",
     ".hidden fastinst_profile_store",
     ".type fastinst_profile_store,@object",
     ".size fastinst_profile_store,8",
     "fastinst_profile_store:",
+    ".zero 8",
+    ".globl fastinst_exit_declined",
+    ".hidden fastinst_exit_declined",
+    ".type fastinst_exit_declined,@object",
+    ".size fastinst_exit_declined,8",
+    "fastinst_exit_declined:",
+    ".zero 8",
+    ".globl fastinst_clock",
+    ".hidden fastinst_clock",
+    ".type fastinst_clock,@object",
+    ".size fastinst_clock,8",
+    "fastinst_clock:",
     ".zero 8",
     ".globl fastinst_sled_shadow",
     ".hidden fastinst_sled_shadow",
@@ -70,15 +82,16 @@ pub(crate) fn guard_set(on: bool) {
 
 /// Publishes the running hook's context words.
 #[inline(always)]
-pub(crate) fn ctx_set(a: u64, b: u64, c: u64) {
-    // SAFETY: writes this thread's copy of the 24-byte TLS block above.
+pub(crate) fn ctx_set(a: u64, b: u64, c: u64, d: u64) {
+    // SAFETY: writes this thread's copy of the 32-byte TLS block above.
     unsafe {
         core::arch::asm!(
             "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
             "mov qword ptr fs:[{t}], {a}",
             "mov qword ptr fs:[{t} + 8], {b}",
             "mov qword ptr fs:[{t} + 16], {c}",
-            t = out(reg) _, a = in(reg) a, b = in(reg) b, c = in(reg) c,
+            "mov qword ptr fs:[{t} + 24], {d}",
+            t = out(reg) _, a = in(reg) a, b = in(reg) b, c = in(reg) c, d = in(reg) d,
             options(nostack, preserves_flags)
         )
     };
@@ -86,20 +99,21 @@ pub(crate) fn ctx_set(a: u64, b: u64, c: u64) {
 
 /// The words [`ctx_set`] last published on this thread.
 #[inline(always)]
-pub(crate) fn ctx_get() -> (u64, u64, u64) {
-    let (a, b, c): (u64, u64, u64);
-    // SAFETY: reads this thread's copy of the 24-byte TLS block above.
+pub(crate) fn ctx_get() -> (u64, u64, u64, u64) {
+    let (a, b, c, d): (u64, u64, u64, u64);
+    // SAFETY: reads this thread's copy of the 32-byte TLS block above.
     unsafe {
         core::arch::asm!(
             "mov {t}, qword ptr [rip + fastinst_hook_ctx@GOTTPOFF]",
             "mov {a}, qword ptr fs:[{t}]",
             "mov {b}, qword ptr fs:[{t} + 8]",
             "mov {c}, qword ptr fs:[{t} + 16]",
-            t = out(reg) _, a = out(reg) a, b = out(reg) b, c = out(reg) c,
+            "mov {d}, qword ptr fs:[{t} + 24]",
+            t = out(reg) _, a = out(reg) a, b = out(reg) b, c = out(reg) c, d = out(reg) d,
             options(nostack, readonly, preserves_flags)
         )
     };
-    (a, b, c)
+    (a, b, c, d)
 }
 
 /// A word slot of this thread's static TLS.
@@ -144,6 +158,30 @@ word_slot!(
     "the profiler's store of this thread (a pointer; 0 when it has none)"
 );
 word_slot!(
+    "fastinst_exit_declined",
+    exit_declined,
+    set_exit_declined,
+    "whether the running sled entry handler declined its call's exit (`hooks::decline_exit`)"
+);
+
+/// Whether the sled entry handler that just ran declined its call's exit;
+/// clears the flag.
+#[inline(always)]
+pub(crate) fn take_exit_declined() -> bool {
+    let v = exit_declined();
+    if v != 0 {
+        set_exit_declined(0);
+    }
+    v != 0
+}
+
+word_slot!(
+    "fastinst_clock",
+    clock,
+    set_clock,
+    "this thread's program clock (a pointer to its `clock::ThreadClock`; 0 before its first clocked hook)"
+);
+word_slot!(
     "fastinst_sled_shadow",
     sled_shadow,
     set_sled_shadow,
@@ -163,7 +201,7 @@ pub(crate) fn depth() -> usize {
             a = out(reg) a, b = out(reg) b, options(nostack, readonly, preserves_flags)
         )
     };
-    // Variant II: offsets are negative; a slot spans [tp + off, tp + off + 24).
+    // Variant II: offsets are negative; a slot spans [tp + off, tp + off + 32).
     (-a.min(b)).max(0) as usize
 }
 
@@ -176,19 +214,21 @@ mod tests {
         // No hook, handler or sled runs on a test thread, so the values
         // written here are never followed.
         set_profile_store(7);
+        set_clock(5);
         set_sled_shadow(9);
         guard_set(true);
-        ctx_set(1, 2, 3);
+        ctx_set(1, 2, 3, 4);
         std::thread::spawn(|| {
             assert_eq!((profile_store(), sled_shadow(), guard_get()), (0, 0, false));
-            assert_eq!(ctx_get(), (0, 0, 0));
+            assert_eq!(ctx_get(), (0, 0, 0, 0));
             set_profile_store(8);
         })
         .join()
         .unwrap();
         assert_eq!((profile_store(), sled_shadow(), guard_get()), (7, 9, true));
-        assert_eq!(ctx_get(), (1, 2, 3));
+        assert_eq!(ctx_get(), (1, 2, 3, 4));
         set_profile_store(0);
+        set_clock(0);
         set_sled_shadow(0);
         guard_set(false);
     }

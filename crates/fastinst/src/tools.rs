@@ -22,6 +22,8 @@ pub enum Tool {
     Count,
     /// The latency profiler.
     Profile,
+    /// Every call timed: the exact reference (`crate::trace`).
+    Trace,
 }
 
 impl std::str::FromStr for Tool {
@@ -32,7 +34,8 @@ impl std::str::FromStr for Tool {
             "off" => Ok(Tool::Off),
             "count" => Ok(Tool::Count),
             "profile" => Ok(Tool::Profile),
-            other => Err(format!("`{other}` is not a tool (profile, count, off, none)")),
+            "trace" => Ok(Tool::Trace),
+            other => Err(format!("`{other}` is not a tool (profile, trace, count, off, none)")),
         }
     }
 }
@@ -43,26 +46,54 @@ extern "C" fn count_handler(id: ProbeId) {
     }
 }
 
+/// Whether tools measure the copies of functions that gcc's
+/// `-finstrument-functions` left inlined in other functions
+/// (`FASTINST_INLINED`, or its older name `FASTINST_PROFILE_INLINED`: `0`
+/// or `1`; default 0). Off, an inlined copy's probes are switched off at
+/// discovery and its time is its caller's, as in clang and sled builds of
+/// the same program; every tool follows the same setting, so the exact
+/// references count what the profiler estimates.
+pub fn inlined_from_env() -> bool {
+    for name in ["FASTINST_INLINED", "FASTINST_PROFILE_INLINED"] {
+        if let Ok(v) = std::env::var(name) {
+            match v.trim() {
+                "0" => return false,
+                "1" => return true,
+                _ => crate::log::error(format_args!("{name}: `{v}` is not 0 or 1; using 0")),
+            }
+        }
+    }
+    false
+}
+
 /// Installs the tool's discovery callback; `out` is where reports go.
 pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     match tool {
         Tool::Profile => crate::profile::install(out.to_path_buf()),
+        Tool::Trace => crate::trace::install(out, inlined_from_env()),
         Tool::None => Ok(()),
         Tool::Off => crate::on_discovery(|m| {
             if let Err(e) = crate::deactivate(m.id) {
                 crate::log::warn(format_args!("off: probe {}: {e}", m.id));
             }
         }),
-        Tool::Count => crate::on_discovery(|m| {
-            let r = if m.kind == ProbeKind::Entry {
-                crate::activate(m.id, count_handler)
-            } else {
-                crate::deactivate(m.id)
-            };
-            if let Err(e) = r {
-                crate::log::warn(format_args!("count: probe {}: {e}", m.id));
-            }
-        }),
+        Tool::Count => {
+            let inlined = inlined_from_env();
+            crate::on_discovery(move |m| count_discovered(m, inlined))
+        }
+    }
+}
+
+/// The count tool's discovery: entry probes count (an inlined copy's only
+/// with `inlined`), every other probe goes off.
+fn count_discovered(m: &crate::ProbeMeta, inlined: bool) {
+    let r = if m.kind == ProbeKind::Entry && (inlined || !m.inlined) {
+        crate::activate(m.id, count_handler)
+    } else {
+        crate::deactivate(m.id)
+    };
+    if let Err(e) = r {
+        crate::log::warn(format_args!("count: probe {}: {e}", m.id));
     }
 }
 

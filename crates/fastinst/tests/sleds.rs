@@ -132,6 +132,31 @@ fn registers_survive_a_handler_that_clobbers_them() {
     }
 }
 
+/// 256-bit vector arguments and results (`-mavx2`) survive the
+/// trampolines: their upper halves are saved and given back whatever the
+/// handler does, and a result whose upper half is zero comes back so.
+#[test]
+fn vector_registers_at_full_width_survive_a_clobbering_handler() {
+    assert!(
+        std::arch::is_x86_feature_detected!("avx2"),
+        "this test needs a CPU with AVX2 (the argument registers at full width)"
+    );
+    let dir = scratch("sled-avx");
+    let client = clobber_client(&dir);
+    for cc in ["gcc", "clang"] {
+        for opt in ["-O0", "-O2"] {
+            same_under_clobber(
+                cc,
+                &[&src("avx.c")],
+                &[opt, "-mavx2"],
+                &dir,
+                &client,
+                &format!("avx-{cc}{opt}"),
+            );
+        }
+    }
+}
+
 #[test]
 fn cxx_exceptions_longjmp_and_signals_with_exits_on() {
     let dir = scratch("sled-unwind");

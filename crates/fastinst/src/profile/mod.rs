@@ -27,7 +27,7 @@ mod decimal;
 mod exhausted;
 mod flame;
 mod functions;
-mod hist;
+pub(crate) mod hist;
 mod json;
 mod local;
 mod paths;
@@ -286,32 +286,6 @@ pub(crate) fn get() -> Option<&'static Profiler> {
     PROFILER.get()
 }
 
-/// The function's CFA: as the provider gives it (sled probes), else just
-/// above the slot holding `call_site` (its return address), searched upward from its stack pointer at the hook. The search
-/// starts one word lower: a tail-jump exit (`pop rbx; jmp exit_hook`)
-/// reaches the hook with the function's own return address on top of the
-/// stack; a called hook has its own return address there, which is never
-/// `call_site`.
-#[inline]
-fn cfa(ctx: crate::hooks::HookContext) -> Option<u64> {
-    const WORDS: usize = 256;
-    if ctx.cfa != 0 {
-        return Some(ctx.cfa as u64);
-    }
-    let mut p = (ctx.stack & !7) - 8;
-    for _ in 0..WORDS {
-        // SAFETY: above an instrumented function's stack pointer lie its
-        // frame, its callers' frames, then glibc's thread descriptor (or the
-        // main thread's environment): 2 KiB up is mapped stack memory.
-        let v = unsafe { std::ptr::read_volatile(p as *const usize) };
-        if v == ctx.call_site {
-            return Some(p as u64 + 8);
-        }
-        p += 8;
-    }
-    None
-}
-
 fn func_of(p: &'static Profiler, id: ProbeId) -> Option<(&'static Func, u32)> {
     let fi = registry::get(id)?.tool.load(Ordering::Relaxed).checked_sub(1)? as u32;
     Some((p.funcs.get(fi)?, fi))
@@ -476,7 +450,7 @@ extern "C" fn on_entry(id: ProbeId) {
         }
     }
     let ctx = crate::hooks::context();
-    let Some(cfa) = cfa(ctx) else {
+    let Some(cfa) = crate::hooks::cfa(ctx) else {
         p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -537,7 +511,7 @@ extern "C" fn on_exit(id: ProbeId) {
         return;
     }
     let ctx = crate::hooks::context();
-    let Some(cfa) = cfa(ctx) else {
+    let Some(cfa) = crate::hooks::cfa(ctx) else {
         p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
         return;
     };

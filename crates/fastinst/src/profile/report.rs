@@ -943,8 +943,13 @@ pub(super) fn lines_sorted(folded: &str) -> bool {
 /// a file: 0.3-0.6 ms of the reports on QuickJS and SQLite; the page faults
 /// stayed about the same, `malloc` reusing freed memory).
 pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    write_named(r, dir, "fastinst-profile")
+}
+
+/// [`write_all`] with another file name stem (`<stem>.<pid>.<ext>`).
+pub fn write_named(r: &Report, dir: &Path, stem: &str) -> std::io::Result<Vec<PathBuf>> {
     use std::io::Write as _;
-    let path = |ext: &str| dir.join(format!("fastinst-profile.{}.{ext}", r.pid));
+    let path = |ext: &str| dir.join(format!("{stem}.{}.{ext}", r.pid));
     let mut out = Vec::new();
     // The writer is a concrete type, not `dyn Write`: serde_json writes
     // the JSON in ~500,000 small pieces, each then a call through a vtable

@@ -223,7 +223,7 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
-pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64) {
+pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) {
     if crate::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
@@ -245,7 +245,21 @@ pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64) {
     } else {
         ret
     };
-    hooks::fire(id, caller, slot as u64, cfa);
+    let clock = crate::clock::begin(started);
+    crate::tls::set_exit_declined(0);
+    hooks::fire_unclocked(id, caller, slot as u64, cfa, started);
+    watch_exit(id, slot, cfa, ret, chained);
+    crate::clock::end(clock, started);
+}
+
+/// Substitutes the return address of the call entered through `id` when
+/// its exit probe is on and its entry handler did not decline ([`decline_exit`]).
+#[inline(always)]
+fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
+    if crate::tls::take_exit_declined() {
+        return;
+    }
+    let tramp = trampoline::return_addr();
     let Some(x) = registry::get(id + 1) else { return };
     if x.state.load(Ordering::Relaxed) & ON == 0 {
         return;
@@ -298,7 +312,16 @@ fn fatal(msg: &[u8]) -> ! {
 
 /// Called by the exit trampoline with the returning function's CFA;
 /// returns the address to continue at (also written just below the CFA).
-pub(crate) extern "C" fn sled_return(cfa: u64) -> u64 {
+pub(crate) extern "C" fn sled_return(cfa: u64, started: u64) -> u64 {
+    // A return inside a handler belongs to that handler's hook.
+    let started = if crate::tls::guard_get() { 0 } else { started };
+    let clock = crate::clock::begin(started);
+    let r = sled_return_inner(cfa, started);
+    crate::clock::end(clock, started);
+    r
+}
+
+fn sled_return_inner(cfa: u64, started: u64) -> u64 {
     let s = tls_get();
     if s.is_null() {
         fatal(b"fastinst: a function returned to the exit trampoline on a thread without a shadow stack; aborting\n");
@@ -330,7 +353,7 @@ pub(crate) extern "C" fn sled_return(cfa: u64) -> u64 {
     unsafe { slot.write(e.orig) };
     EXITS.fetch_add(1, Ordering::Relaxed);
     if !crate::tls::guard_get() {
-        hooks::fire(e.exit, caller, slot as u64, cfa);
+        hooks::fire_unclocked(e.exit, caller, slot as u64, cfa, started);
     }
     e.orig
 }

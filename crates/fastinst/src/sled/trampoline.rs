@@ -43,7 +43,9 @@ pub(crate) const AREA_HEADER: usize = 16;
 macro_rules! trampolines {
     ($enter:ident, $ret:ident, $vsz:literal, $ret_vsz:literal,
      save: [$($save:literal),*], restore: [$($restore:literal),*],
-     save2: [$($save2:literal),*], restore2: [$($restore2:literal),*]) => {
+     save2: [$($save2:literal),*], restore2: [$($restore2:literal),*],
+     clean: [$($clean:expr),*], reclean: [$($reclean:expr),*],
+     clean2: [$($clean2:expr),*], reclean2: [$($reclean2:expr),*]) => {
         core::arch::global_asm!(
             ".pushsection .text",
             ".p2align 4",
@@ -67,13 +69,24 @@ macro_rules! trampolines {
             "push r9",
             "push r10",
             "push r11",
+            // The hook's stamp (`crate::clock`), the handler's third
+            // argument: the flags are saved, so they may change.
+            "xor edx, edx",
+            "cmp byte ptr [rip + {clocked}], 0",
+            "je 7f",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rdx, rax",
+            "7:",
             "and rsp, -64",
             concat!("sub rsp, ", $vsz),
             $($save,)*
+            $($clean,)*
             "mov edi, dword ptr [rbp + 8]",
             "lea rsi, [rbp + 24]",
             "call {enter}",
             $($restore,)*
+            $($reclean,)*
             "lea rsp, [rbp - 80]",
             "pop r11",
             "pop r10",
@@ -107,10 +120,21 @@ macro_rules! trampolines {
             "mov rbp, rsp",
             "push rax",
             "push rdx",
+            // The hook's stamp (`crate::clock`), kept in the frame for the
+            // handler's second argument.
+            "xor eax, eax",
+            "cmp byte ptr [rip + {clocked}], 0",
+            "je 8f",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rax, rdx",
+            "8:",
             "and rsp, -64",
-            // vector 0-1, then two x87 values (16 bytes each) and a count.
+            // vector 0-1, then two x87 values (16 bytes each), a count and
+            // the stamp.
             concat!("sub rsp, ", $ret_vsz, " + 64"),
             $($save2,)*
+            concat!("mov qword ptr [rsp + ", $ret_vsz, " + 40], rax"),
             concat!("mov qword ptr [rsp + ", $ret_vsz, " + 32], 0"),
             "fnstsw ax",
             "and eax, 0x3800",
@@ -124,6 +148,8 @@ macro_rules! trampolines {
             concat!("mov qword ptr [rsp + ", $ret_vsz, " + 32], 2"),
             "4:",
             "lea rdi, [rbp + 24]",
+            concat!("mov rsi, qword ptr [rsp + ", $ret_vsz, " + 40]"),
+            $($clean2,)*
             "call {ret}",
             concat!("mov rax, qword ptr [rsp + ", $ret_vsz, " + 32]"),
             "cmp rax, 1",
@@ -134,6 +160,7 @@ macro_rules! trampolines {
             concat!("fld tbyte ptr [rsp + ", $ret_vsz, "]"),
             "6:",
             $($restore2,)*
+            $($reclean2,)*
             "lea rsp, [rbp - 16]",
             "pop rdx",
             "pop rax",
@@ -153,7 +180,67 @@ macro_rules! trampolines {
             ".popsection",
             enter = sym shadow::sled_enter,
             ret = sym shadow::sled_return,
+            clocked = sym crate::clock::FASTINST_CLOCKED,
         );
+    };
+}
+
+// The upper halves of the vector registers. The handlers are ordinary
+// code, built for SSE: with the upper halves in use, every SSE instruction
+// there waits to merge into the full register (measured on this project's
+// Zen 4: an empty sled probe's handler ran about three times slower with
+// the upper halves dirty). So once the argument (or return) registers are
+// saved in full, `vzeroupper` cleans them for the handler, and afterwards,
+// if they were clean when the probe fired (`xgetbv 1`: the AVX and
+// AVX-512 upper states not in use), `vzeroupper` again, so the program is
+// not left paying that merge in its own SSE code. Registers 8-15 hold
+// nothing at an entry or a return (caller-saved, not arguments or results).
+// With AVX, "clean" is tested on the values: the upper halves of the
+// saved registers all zero (OR-ed together in the free registers 8-11: a
+// few cycles, where `xgetbv 1` cost about twenty ticks a hook). Restoring
+// those zeros and then `vzeroupper` gives the program back exactly its
+// registers, upper halves clean. With AVX-512, `xgetbv 1` reports the AVX
+// and AVX-512 upper states. Entry: the flag rides in the upper half of the
+// stub's pushed probe id (ids are below 2^31, pushed sign-extended); `rdx`
+// (the stamp) is kept in `r8` meanwhile (both saved above).
+macro_rules! clean_entry_avx {
+    () => {
+        "vpor ymm8, ymm0, ymm1\n vpor ymm9, ymm2, ymm3\n vpor ymm10, ymm4, ymm5\n vpor ymm11, ymm6, ymm7
+         vpor ymm8, ymm8, ymm9\n vpor ymm10, ymm10, ymm11\n vpor ymm8, ymm8, ymm10
+         vextracti128 xmm8, ymm8, 1\n vptest xmm8, xmm8\n setnz byte ptr [rbp + 12]\n vzeroupper"
+    };
+}
+macro_rules! clean_entry_xgetbv {
+    () => {
+        "mov r8, rdx\n mov ecx, 1\n xgetbv\n and eax, 0x44\n setnz byte ptr [rbp + 12]\n vzeroupper\n mov rdx, r8"
+    };
+}
+macro_rules! reclean_entry {
+    () => {
+        "cmp byte ptr [rbp + 12], 0\n jne 9f\n vzeroupper\n 9:"
+    };
+}
+// Return: only the result registers 0-1 matter; the flag goes in the
+// frame's spare word; rax, rcx and rdx are free here (saved, or dead at a
+// return).
+macro_rules! clean_return_avx {
+    () => {
+        "vpor ymm8, ymm0, ymm1\n vextracti128 xmm8, ymm8, 1\n vptest xmm8, xmm8
+         setnz byte ptr [rsp + 64 + 48]\n vzeroupper"
+    };
+}
+macro_rules! clean_return_xgetbv {
+    ($vsz:literal) => {
+        concat!(
+            "mov ecx, 1\n xgetbv\n and eax, 0x44\n setnz byte ptr [rsp + ",
+            $vsz,
+            " + 48]\n vzeroupper"
+        )
+    };
+}
+macro_rules! reclean_return {
+    ($vsz:literal) => {
+        concat!("cmp byte ptr [rsp + ", $vsz, " + 48], 0\n jne 9f\n vzeroupper\n 9:")
     };
 }
 
@@ -163,7 +250,8 @@ trampolines!(fastinst_sled_enter_sse, fastinst_sled_return_sse, "128", "32",
     restore: ["movups xmm0, [rsp]", "movups xmm1, [rsp + 16]", "movups xmm2, [rsp + 32]", "movups xmm3, [rsp + 48]",
               "movups xmm4, [rsp + 64]", "movups xmm5, [rsp + 80]", "movups xmm6, [rsp + 96]", "movups xmm7, [rsp + 112]"],
     save2: ["movups [rsp], xmm0", "movups [rsp + 16], xmm1"],
-    restore2: ["movups xmm0, [rsp]", "movups xmm1, [rsp + 16]"]);
+    restore2: ["movups xmm0, [rsp]", "movups xmm1, [rsp + 16]"],
+    clean: [], reclean: [], clean2: [], reclean2: []);
 
 trampolines!(fastinst_sled_enter_avx, fastinst_sled_return_avx, "256", "64",
     save: ["vmovdqu [rsp], ymm0", "vmovdqu [rsp + 32], ymm1", "vmovdqu [rsp + 64], ymm2", "vmovdqu [rsp + 96], ymm3",
@@ -171,7 +259,9 @@ trampolines!(fastinst_sled_enter_avx, fastinst_sled_return_avx, "256", "64",
     restore: ["vmovdqu ymm0, [rsp]", "vmovdqu ymm1, [rsp + 32]", "vmovdqu ymm2, [rsp + 64]", "vmovdqu ymm3, [rsp + 96]",
               "vmovdqu ymm4, [rsp + 128]", "vmovdqu ymm5, [rsp + 160]", "vmovdqu ymm6, [rsp + 192]", "vmovdqu ymm7, [rsp + 224]"],
     save2: ["vmovdqu [rsp], ymm0", "vmovdqu [rsp + 32], ymm1"],
-    restore2: ["vmovdqu ymm0, [rsp]", "vmovdqu ymm1, [rsp + 32]"]);
+    restore2: ["vmovdqu ymm0, [rsp]", "vmovdqu ymm1, [rsp + 32]"],
+    clean: [clean_entry_avx!()], reclean: [reclean_entry!()],
+    clean2: [clean_return_avx!()], reclean2: [reclean_return!("64")]);
 
 trampolines!(fastinst_sled_enter_avx512, fastinst_sled_return_avx512, "512", "128",
     save: ["vmovdqu64 [rsp], zmm0", "vmovdqu64 [rsp + 64], zmm1", "vmovdqu64 [rsp + 128], zmm2", "vmovdqu64 [rsp + 192], zmm3",
@@ -179,7 +269,9 @@ trampolines!(fastinst_sled_enter_avx512, fastinst_sled_return_avx512, "512", "12
     restore: ["vmovdqu64 zmm0, [rsp]", "vmovdqu64 zmm1, [rsp + 64]", "vmovdqu64 zmm2, [rsp + 128]", "vmovdqu64 zmm3, [rsp + 192]",
               "vmovdqu64 zmm4, [rsp + 256]", "vmovdqu64 zmm5, [rsp + 320]", "vmovdqu64 zmm6, [rsp + 384]", "vmovdqu64 zmm7, [rsp + 448]"],
     save2: ["vmovdqu64 [rsp], zmm0", "vmovdqu64 [rsp + 64], zmm1"],
-    restore2: ["vmovdqu64 zmm0, [rsp]", "vmovdqu64 zmm1, [rsp + 64]"]);
+    restore2: ["vmovdqu64 zmm0, [rsp]", "vmovdqu64 zmm1, [rsp + 64]"],
+    clean: [clean_entry_xgetbv!()], reclean: [reclean_entry!()],
+    clean2: [clean_return_xgetbv!("128")], reclean2: [reclean_return!("128")]);
 
 extern "C" {
     fn fastinst_sled_enter_sse();
