@@ -27,7 +27,7 @@
 //! strategies, tools, the profiler) is shared with the
 //! `-finstrument-functions` provider.
 
-mod shadow;
+pub(crate) mod shadow;
 mod site;
 pub mod trampoline;
 mod unwind;

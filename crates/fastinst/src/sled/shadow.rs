@@ -249,8 +249,14 @@ pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) {
     crate::tls::set_exit_declined(0);
     hooks::fire_unclocked(id, caller, slot as u64, cfa, started);
     watch_exit(id, slot, cfa, ret, chained);
-    crate::clock::end(clock, started);
+    crate::clock::end_sled(clock, started);
 }
+
+/// The entry probe id of the sled the clock's calibration runs
+/// (`crate::clock::calibrate`): no probe has it (so its handlers find
+/// nothing to run), and its exit is watched as if its exit probe were on,
+/// so the calibration pays every step a watched sled call pays.
+pub(crate) const CALIBRATION_ID: u32 = providers::tag::MAX_SIGN_ID - 2;
 
 /// Substitutes the return address of the call entered through `id` when
 /// its exit probe is on and its entry handler did not decline ([`decline_exit`]).
@@ -260,9 +266,12 @@ fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
         return;
     }
     let tramp = trampoline::return_addr();
-    let Some(x) = registry::get(id + 1) else { return };
-    if x.state.load(Ordering::Relaxed) & ON == 0 {
-        return;
+    // The clock's calibration probe has no record; its exit is watched.
+    if id != CALIBRATION_ID {
+        let Some(x) = registry::get(id + 1) else { return };
+        if x.state.load(Ordering::Relaxed) & ON == 0 {
+            return;
+        }
     }
     let s = stack_or_alloc();
     if s.is_null() {
@@ -317,7 +326,7 @@ pub(crate) extern "C" fn sled_return(cfa: u64, started: u64) -> u64 {
     let started = if crate::tls::guard_get() { 0 } else { started };
     let clock = crate::clock::begin(started);
     let r = sled_return_inner(cfa, started);
-    crate::clock::end(clock, started);
+    crate::clock::end_sled(clock, started);
     r
 }
 

@@ -386,6 +386,45 @@ pub(crate) fn make_stubs(lo: usize, hi: usize, ids: &[u32]) -> Option<Vec<usize>
     Some(stubs)
 }
 
+/// Two functions in a fresh page, for measuring what a sled probe costs
+/// beyond its stamps (`crate::clock::calibrate`): the first is a sled
+/// switched on (`call` to a stub for probe `id`, then `ret`), the second
+/// the same sled off (its 5-byte NOP, then `ret`). Leaked; `None` when no
+/// page near enough for a stub could be mapped.
+pub(crate) fn calibration_functions(id: u32) -> Option<(usize, usize)> {
+    // SAFETY: a fresh private mapping, ours alone until made executable.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            wordpatch::PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return None;
+    }
+    let at = page as usize;
+    let stub = make_stubs(at, at + 64, &[id])?[0];
+    let mut code = [0xCCu8; 32];
+    code[0] = 0xE8;
+    code[1..5].copy_from_slice(&((stub as i64 - (at + 5) as i64) as i32).to_le_bytes());
+    code[5] = 0xC3;
+    code[16..21].copy_from_slice(&[0x0F, 0x1F, 0x44, 0x00, 0x00]);
+    code[21] = 0xC3;
+    // SAFETY: the page is ours and writable; then it becomes read+execute
+    // and is never written again.
+    unsafe {
+        std::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len());
+        if libc::mprotect(page, wordpatch::PAGE_SIZE, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+            return None;
+        }
+    }
+    Some((at, at + 16))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
