@@ -30,6 +30,7 @@
 //! `cargo bench -p fastinst-benches` runs the criterion benches of the same
 //! operations (`benches/inactive.rs`).
 
+pub mod accuracy;
 pub mod cachesim;
 pub mod driver;
 pub mod error;

@@ -84,7 +84,7 @@ pub fn installed(wanted: &[Compiler], what: &str) -> Vec<Compiler> {
 
 /// The programs a comma-separated `list` names (the option `opt` took it).
 pub fn programs_named(list: &str, opt: &str) -> Result<Vec<Program>> {
-    named(list, opt, &PROGRAMS, Program::name)
+    named(list, opt, &ALL_PROGRAMS, Program::name)
 }
 
 /// The builds a comma-separated `list` names (the option `opt` took it).
@@ -120,10 +120,38 @@ pub enum Program {
     Quickjs,
     /// SQLite (amalgamation) running `programs/workload.sql` in memory.
     Sqlite,
+    /// Lua 5.4's interpreter core running `programs/workload.lua`: deep
+    /// recursion, and C calling back into Lua.
+    Lua,
+    /// libzstd's multi-threaded compressor: 32 MB of generated text with
+    /// four worker threads (more threads than this machine's CPUs, on two).
+    Zstd,
+    /// fastinst's bundled example (`crates/fastinst/examples/c/demo.c`):
+    /// four threads serving requests, with known call counts.
+    Demo,
 }
 
 /// All programs, in table order.
 pub const PROGRAMS: [Program; 3] = [Program::Bzip2, Program::Quickjs, Program::Sqlite];
+
+/// Every program, those of the accuracy harness too.
+pub const ALL_PROGRAMS: [Program; 6] = [
+    Program::Bzip2,
+    Program::Quickjs,
+    Program::Sqlite,
+    Program::Lua,
+    Program::Zstd,
+    Program::Demo,
+];
+
+/// The accuracy harness's programs: the upstream ones.
+pub const UPSTREAM_PROGRAMS: [Program; 5] = [
+    Program::Bzip2,
+    Program::Quickjs,
+    Program::Sqlite,
+    Program::Lua,
+    Program::Zstd,
+];
 
 fn here(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("programs").join(name)
@@ -135,6 +163,9 @@ impl Program {
         match self {
             Program::Bzip2 => "bzip2",
             Program::Quickjs => "quickjs",
+            Program::Lua => "lua",
+            Program::Zstd => "zstd",
+            Program::Demo => "demo",
             Program::Sqlite => "sqlite",
         }
     }
@@ -143,6 +174,13 @@ impl Program {
     pub fn describe(self) -> &'static str {
         match self {
             Program::Bzip2 => "bzip2 1.0.8 (crate bzip2-sys 0.1.13): `bzip2 -c -9` of 24 MB of generated text",
+            Program::Lua => {
+                "Lua 5.4.9 (crate lua-src 551.1.0): a 20-line host runs workload.lua (recursion, sort with a Lua comparator, gsub callbacks, metamethods, coroutines)"
+            }
+            Program::Demo => "fastinst's bundled example: four threads serve 200,000 requests",
+            Program::Zstd => {
+                "zstd 1.5.7 (crate zstd-sys 2.1.3): a 60-line host compresses 32 MB of generated text at level 9 with 4 worker threads, then checks the round trip"
+            }
             Program::Quickjs => {
                 "QuickJS 2021-03-27 (crate libquickjs-sys 0.10.0): `qjs workload.js` (GC-heavy objects, strings, regex, JSON, sort, recursion)"
             }
@@ -157,6 +195,10 @@ impl Program {
         match self {
             Program::Bzip2 => "bzip2-sys",
             Program::Quickjs => "libquickjs-sys",
+            Program::Lua => "lua-src",
+            Program::Zstd => "zstd-sys",
+            // In this repository.
+            Program::Demo => "",
             Program::Sqlite => "libsqlite3-sys",
         }
     }
@@ -165,7 +207,53 @@ impl Program {
     /// directory.
     fn compile_args(self, root: &Path) -> Vec<String> {
         let p = |d: &Path, f: &str| d.join(f).display().to_string();
+        let c_files = |d: &Path, skip: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|f| f.extension().is_some_and(|x| x == "c"))
+                        .filter(|f| !f.file_name().is_some_and(|n| skip.iter().any(|s| n == *s)))
+                        .map(|f| f.display().to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
         match self {
+            Program::Demo => {
+                let _ = root;
+                vec![
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../fastinst/examples/c/demo.c")
+                        .display()
+                        .to_string(),
+                    "-pthread".into(),
+                ]
+            }
+            Program::Lua => {
+                let d = root.join("lua-5.4.9");
+                let mut v = vec![format!("-I{}", d.display()), "-DLUA_USE_POSIX".into()];
+                v.extend(c_files(&d, &["lua.c", "luac.c"]));
+                v.push(here("lua_host.c").display().to_string());
+                v.push("-lm".into());
+                v
+            }
+            Program::Zstd => {
+                let d = root.join("zstd/lib");
+                let mut v = vec![
+                    "-DZSTD_MULTITHREAD".to_string(),
+                    "-DZSTD_DISABLE_ASM".into(),
+                    format!("-I{}", d.display()),
+                    format!("-I{}", d.join("common").display()),
+                ];
+                for sub in ["common", "compress", "decompress"] {
+                    v.extend(c_files(&d.join(sub), &[]));
+                }
+                v.push(here("zstd_host.c").display().to_string());
+                v.push("-lpthread".into());
+                v
+            }
             Program::Bzip2 => {
                 let d = root.join("bzip2-1.0.8");
                 let mut v = vec!["-D_FILE_OFFSET_BITS=64".to_string()];
@@ -236,6 +324,12 @@ impl Program {
         } else {
             format!("-x{times}")
         };
+        if self == Program::Zstd {
+            return Ok(vec![(32 * times).to_string(), "4".into()]);
+        }
+        if self == Program::Demo {
+            return Ok(Vec::new());
+        }
         let Some(script) = self.script() else {
             let input = work.join(format!("bzip2-input{suffix}.txt"));
             // Generated from a fixed seed, so a file already there is this text.
@@ -258,8 +352,9 @@ impl Program {
     /// The workload script under `programs/`; bzip2's input is generated.
     fn script(self) -> Option<&'static str> {
         match self {
-            Program::Bzip2 => None,
+            Program::Bzip2 | Program::Zstd | Program::Demo => None,
             Program::Quickjs => Some("workload.js"),
+            Program::Lua => Some("workload.lua"),
             Program::Sqlite => Some("workload.sql"),
         }
     }
@@ -269,6 +364,7 @@ impl Program {
         match self {
             // A block scope per pass: its `let`s and functions are new each time.
             Program::Quickjs => format!("for (let pass = 0; pass < {times}; pass++) {{\n{text}\n}}\n"),
+            Program::Lua => format!("for pass = 1, {times} do\n{text}\nend\n"),
             // Each pass creates the tables, so the one before drops them.
             _ => format!("{text}\nDROP TABLE item;\nDROP TABLE grp;\n").repeat(times),
         }
@@ -341,7 +437,8 @@ pub fn build_all(
     std::fs::create_dir_all(&bin).map_err(EvalError::io(&bin))?;
     let mut jobs = Vec::new();
     for &program in programs {
-        let root = &sources[program.crate_name()];
+        let none = PathBuf::new();
+        let root = sources.get(program.crate_name()).unwrap_or(&none);
         for &compiler in compilers {
             for instrumented in [false, true] {
                 // Plain builds depend on the compiler only.

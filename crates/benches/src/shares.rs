@@ -87,7 +87,10 @@ impl Phase {
 /// `malloc` may fault: the fault is the report's).
 const MARKERS: [(Phase, &[&str]); 4] = [
     (Phase::Sampler, &["fastinst::profile::sampler"]),
-    (Phase::Reports, &["fastinst::profile::write_reports"]),
+    (
+        Phase::Reports,
+        &["fastinst::profile::write_reports", "fastinst_report::"],
+    ),
     (
         Phase::Startup,
         &[
@@ -360,7 +363,7 @@ mod tests {
                 ("copy_folio_from_iter_atomic", K),
                 ("__GI___libc_write", LIBC),
                 ("std::io::buffered::bufwriter::BufWriter<W>::flush_buf", LIB),
-                ("fastinst::profile::report::write_all", LIB),
+                ("fastinst_report::write_all", LIB),
                 ("fastinst::profile::write_reports", LIB),
                 ("fastinst::preload::at_exit", LIB),
             ]),

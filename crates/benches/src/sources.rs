@@ -1,9 +1,10 @@
 //! The real programs' sources, obtained from crates.io with cargo.
 //!
-//! Three `-sys` crates bundle the C sources of real programs: bzip2 1.0.8
+//! Five crates bundle the C sources of real programs: bzip2 1.0.8
 //! (`bzip2-sys`, with the `bzip2` command), QuickJS 2021-03-27
-//! (`libquickjs-sys`, with the `qjs` interpreter) and SQLite
-//! (`libsqlite3-sys` with `bundled`, the amalgamation). A throw-away
+//! (`libquickjs-sys`, with the `qjs` interpreter), SQLite
+//! (`libsqlite3-sys` with `bundled`, the amalgamation), Lua 5.4.9
+//! (`lua-src`) and zstd 1.5.7 (`zstd-sys`). A throw-away
 //! manifest that depends on exact versions is fetched with `cargo fetch`
 //! (from the local cache when it already holds them) and `cargo metadata`
 //! says where cargo unpacked each one. Nothing is vendored into this
@@ -15,10 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Exact versions, so every machine measures the same code.
-pub const CRATES: [(&str, &str); 3] = [
+pub const CRATES: [(&str, &str); 5] = [
     ("bzip2-sys", "=0.1.13"),
     ("libquickjs-sys", "=0.10.0"),
     ("libsqlite3-sys", "=0.39.1"),
+    ("lua-src", "=551.1.0"),
+    ("zstd-sys", "=2.1.3"),
 ];
 
 const MANIFEST: &str = r#"[package]
@@ -34,6 +37,8 @@ path = "lib.rs"
 bzip2-sys = "=0.1.13"
 libquickjs-sys = "=0.10.0"
 libsqlite3-sys = { version = "=0.39.1", features = ["bundled"] }
+lua-src = "=551.1.0"
+zstd-sys = "=2.1.3"
 
 [workspace]
 "#;

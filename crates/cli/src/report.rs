@@ -2,7 +2,7 @@
 
 use crate::args::{Args, Item};
 use crate::error::{CliError, Result};
-use fastinst::profile::report::{self, Report, SCHEMA, SCHEMAS_READ};
+use fastinst_report::{self as report, Report, SCHEMA, SCHEMAS_READ};
 use std::path::{Path, PathBuf};
 
 /// Usage text.

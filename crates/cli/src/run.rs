@@ -19,14 +19,22 @@ stdin, stdout and stderr are its own; the exit status is PROGRAM's, or
 <pid>.{txt,json,folded,svg}) and one line on stderr says where they are.
 
 options:
-  --tool T          profile (default: the latency profiler), count, off
-                    (every probe off: the floor of the build), none
+  --tool T          profile (default: the latency profiler), count (exact
+                    calls), trace (every call timed: exact calls, times
+                    and percentiles, for short runs), off (every probe
+                    off: the floor of the build), none
   --out DIR         directory for the reports (created; default: .)
-  --samples K       profiler: samples per function per window (default 10)
-  --epoch-ms MS     profiler: re-activation period (default 10)
-  --inlined         profiler: also sample the copies of functions that
-                    gcc's -finstrument-functions left inlined in others
-                    (off by default: their time is their callers')
+  --samples K       profiler: calls timed per function per timing epoch
+                    (default 10)
+  --epoch-ms MS     profiler: epoch length (default 10)
+  --windows N       profiler: counting windows per busy function per
+                    counting epoch, 1 to 64 (default 2): more, tighter
+                    call estimates at more cost
+  --no-cpu          profiler: no CPU samples (self time from call times)
+  --inlined         every tool: also count, time and sample the copies of
+                    functions that gcc's -finstrument-functions left
+                    inlined in others (off by default: their time is
+                    their callers')
   --signal SIG      profiler: USR1, USR2 or a number; write the reports
                     whenever PROGRAM receives it
   --strategy S      flip (default), paper, word-sync, word-async
@@ -85,9 +93,17 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
             Item::Opt("-h" | "--help", _) => return Ok(None),
             Item::Opt("--print", None) => r.print = true,
             Item::Opt("--inlined", None) => r.env.push(("FASTINST_PROFILE_INLINED", "1".into())),
+            Item::Opt("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
+            Item::Opt(n @ "--windows", i) => {
+                let w: u32 = a.parsed(n, i, "a whole number")?;
+                if !(1..=64).contains(&w) {
+                    return Err(a.usage(format!("{n}: {w} is not in 1 to 64")));
+                }
+                r.env.push(("FASTINST_PROFILE_WINDOWS", w.to_string()));
+            }
             Item::Opt(n @ "--tool", i) => {
                 let v = a.value(n, i)?;
-                r.tool = one_of(&a, n, v, &["profile", "count", "off", "none"])?;
+                r.tool = one_of(&a, n, v, &["profile", "count", "trace", "off", "none"])?;
                 r.env.push(("FASTINST_TOOL", r.tool.clone()));
             }
             Item::Opt(n @ "--out", i) => r.out = Some(a.value(n, i)?.into()),
@@ -210,6 +226,7 @@ fn print_report(dir: &Path, tool: &str, pid: u32) {
     let name = match tool {
         "profile" => format!("fastinst-profile.{pid}.txt"),
         "count" => format!("fastinst-count.{pid}.txt"),
+        "trace" => format!("fastinst-trace.{pid}.txt"),
         _ => return,
     };
     let path = dir.join(name);
@@ -267,8 +284,8 @@ mod tests {
     fn bad_options_say_what_is_wrong() {
         let e = |a: &[&str]| parse(&v(a)).unwrap_err().to_string();
         assert_eq!(
-            e(&["--tool", "trace", "x"]),
-            "fastinst run: --tool: `trace` is not one of profile, count, off, none"
+            e(&["--tool", "tracing", "x"]),
+            "fastinst run: --tool: `tracing` is not one of profile, count, trace, off, none"
         );
         assert_eq!(
             e(&["--samples", "1", "x"]),

@@ -50,10 +50,18 @@ pub struct ThreadClock {
     hook_ticks: AtomicU64,
     /// Hooks this thread has run with the clock on (for [`unseen_ticks`]).
     hooks: AtomicU64,
+    /// The stamp of the hook in progress, as far as it has been charged
+    /// ([`flush`]); 0 between hooks.
+    open_since: AtomicU64,
     /// The period in which this thread last ran a hook.
     period: AtomicU32,
     /// Its hook ticks when that period began.
     period_base: AtomicU64,
+    /// The period before that one in which it ran a hook, and its hook
+    /// ticks when it began (so that a period just ended can be read while
+    /// threads already run hooks in the next).
+    prev_period: AtomicU32,
+    prev_base: AtomicU64,
     /// When the thread's first hook ran (TSC).
     born: u64,
     /// When the thread exited (TSC; 0 while it runs).
@@ -75,6 +83,19 @@ impl ThreadClock {
         self.hooks.load(Ordering::Relaxed)
     }
 
+    /// Its hook ticks at wall time `now`, counting the part of a hook in
+    /// progress that has run so far (read from another thread, a hook that
+    /// ends meanwhile is counted whole, or from `now`: never twice).
+    pub fn hook_ticks_at(&self, now: u64) -> u64 {
+        let since = self.open_since.load(Ordering::Acquire);
+        let t = self.hook_ticks();
+        if since != 0 && now > since {
+            t + (now - since)
+        } else {
+            t
+        }
+    }
+
     /// The thread's hook ticks at the start of period `period`, if it has
     /// run a hook in that period (else it has spent no hook time in it, and
     /// its current count is the base).
@@ -89,6 +110,21 @@ impl ThreadClock {
     /// Whether the thread ran a hook in period `period`.
     pub fn active_in(&self, period: u32) -> bool {
         self.period.load(Ordering::Acquire) == period
+    }
+
+    /// The hook ticks this thread spent in period `period` up to now, if
+    /// it ran a hook in it and has run hooks in at most one period since.
+    pub fn hook_ticks_in(&self, period: u32) -> Option<u64> {
+        let now = self.hook_ticks();
+        if self.period.load(Ordering::Acquire) == period {
+            return Some(now.saturating_sub(self.period_base.load(Ordering::Relaxed)));
+        }
+        if self.prev_period.load(Ordering::Acquire) == period {
+            // Ended when the thread's next period began.
+            let end = self.period_base.load(Ordering::Relaxed);
+            return Some(end.saturating_sub(self.prev_base.load(Ordering::Relaxed)));
+        }
+        None
     }
 
     /// When its first hook ran (TSC).
@@ -166,8 +202,11 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
     let rec = THREADS.push_with(|_| ThreadClock {
         hook_ticks: AtomicU64::new(0),
         hooks: AtomicU64::new(0),
+        open_since: AtomicU64::new(0),
         period: AtomicU32::new(u32::MAX),
         period_base: AtomicU64::new(0),
+        prev_period: AtomicU32::new(u32::MAX),
+        prev_base: AtomicU64::new(0),
         born: now,
         died: AtomicU64::new(0),
         // SAFETY: gettid has no preconditions.
@@ -195,12 +234,21 @@ pub(crate) fn begin(start: u64) -> Option<&'static ThreadClock> {
         None => register(start)?,
     };
     let p = PERIOD.load(Ordering::Acquire);
-    if rec.period.load(Ordering::Relaxed) != p {
-        rec.period_base.store(rec.hook_ticks(), Ordering::Relaxed);
-        rec.period.store(p, Ordering::Release);
+    let last = rec.period.load(Ordering::Relaxed);
+    if last != p {
+        new_period(rec, last, p);
     }
+    rec.open_since.store(start, Ordering::Release);
     Some(rec)
 }
+
+/// Longest time one hook is charged (about 20 us): a hook runs for a few
+/// hundred ticks, so a longer one was preempted in the middle, or ran
+/// discovery. With more threads than CPUs, a thread descheduled inside a
+/// hook for a time slice was charged milliseconds of hook time, and every
+/// window that held it read its thread's own time as nearly none (a
+/// four-thread program on two CPUs read 16 times its calls).
+pub const MAX_HOOK: u64 = 50_000;
 
 /// Ticks a `-finstrument-functions` hook costs beyond its stamps, and a
 /// sled hook (entry and exit averaged): see [`calibrate`]. Added to every
@@ -214,26 +262,83 @@ pub fn unseen_ticks() -> (u32, u32) {
     (UNSEEN_FI.load(Ordering::Relaxed), UNSEEN_SLED.load(Ordering::Relaxed))
 }
 
-/// The hook that [`begin`] returned `rec` for, stamped `start`, ends now:
-/// a `-finstrument-functions` hook.
-#[inline(always)]
-pub(crate) fn end(rec: Option<&'static ThreadClock>, start: u64) {
-    end_with(rec, start, &UNSEEN_FI)
+/// The thread's first hook in period `p`: the period it last ran a hook in
+/// (`last`) moves to the second slot. Readers on other threads may see the
+/// slots mid-change: the period numbers are written last (Release) and
+/// compared on reading, and at worst a reader finds no figure for a period
+/// (`None`), never another period's.
+#[cold]
+#[inline(never)]
+fn new_period(rec: &ThreadClock, last: u32, p: u32) {
+    let base = rec.period_base.load(Ordering::Relaxed);
+    rec.prev_period.store(u32::MAX, Ordering::Release);
+    rec.prev_base.store(base, Ordering::Relaxed);
+    rec.prev_period.store(last, Ordering::Release);
+    rec.period.store(u32::MAX, Ordering::Release);
+    rec.period_base.store(rec.hook_ticks(), Ordering::Relaxed);
+    rec.period.store(p, Ordering::Release);
 }
 
-/// As [`end`], for a sled hook.
+/// A hook stamped `started` (0: unclocked) begins its handler: returns
+/// the thread clock its stub charges when it ends (0: none) and the stamp
+/// the handler sees. A hook inside a handler is part of that handler's
+/// hook, which counts its whole time: it is not charged again.
 #[inline(always)]
-pub(crate) fn end_sled(rec: Option<&'static ThreadClock>, start: u64) {
-    end_with(rec, start, &UNSEEN_SLED)
+pub(crate) fn begin_hook(started: u64) -> (usize, u64) {
+    let started = if started != 0 && crate::tls::guard_get() {
+        0
+    } else {
+        started
+    };
+    match begin(started) {
+        Some(rec) => (rec as *const ThreadClock as usize, started),
+        None => (0, 0),
+    }
+}
+
+/// The end of a clocked `-finstrument-functions` hook, called by its stub
+/// with the thread clock [`begin_hook`] returned and the final stamp `t`.
+pub(crate) extern "C" fn end_fi(rec: usize, t: u64) {
+    end_at(rec, t, &UNSEEN_FI)
+}
+
+/// The end of a clocked sled hook, called by its trampoline.
+pub(crate) extern "C" fn end_sled(rec: usize, t: u64) {
+    end_at(rec, t, &UNSEEN_SLED)
 }
 
 #[inline(always)]
-fn end_with(rec: Option<&'static ThreadClock>, start: u64, unseen: &AtomicU32) {
-    if let Some(rec) = rec {
-        let d = (tsc::now().wrapping_sub(start) as i64).max(0) as u64;
-        let d = d + u64::from(unseen.load(Ordering::Relaxed));
-        rec.hook_ticks.store(rec.hook_ticks() + d, Ordering::Relaxed);
-        rec.hooks.store(rec.hooks() + 1, Ordering::Relaxed);
+fn end_at(rec: usize, t: u64, unseen: &AtomicU32) {
+    if rec == 0 {
+        return;
+    }
+    // SAFETY: `begin_hook` returned a pointer to this thread's record,
+    // which is never freed.
+    let rec = unsafe { &*(rec as *const ThreadClock) };
+    // From the stamp, or from where a `flush` left it; a hook longer than
+    // MAX_HOOK was descheduled in the middle (or discovered a site), and
+    // the time the thread did not run is not the hook's.
+    let start = rec.open_since.load(Ordering::Relaxed);
+    let d = ((t.wrapping_sub(start) as i64).max(0) as u64).min(MAX_HOOK) + u64::from(unseen.load(Ordering::Relaxed));
+    // The count first: a reader adds the running part to it, and must not
+    // see the running part gone before the count has it.
+    rec.hook_ticks.store(rec.hook_ticks() + d, Ordering::Release);
+    rec.open_since.store(0, Ordering::Release);
+    rec.hooks.store(rec.hooks() + 1, Ordering::Relaxed);
+}
+
+/// Charges the part of this thread's hook in progress that has run so far
+/// (a handler about to take a reading of every thread's hook time, of
+/// which its own must be part).
+pub fn flush() {
+    if let Some(rec) = current() {
+        let since = rec.open_since.load(Ordering::Relaxed);
+        if since != 0 {
+            let now = tsc::now();
+            rec.hook_ticks
+                .store(rec.hook_ticks() + now.saturating_sub(since), Ordering::Release);
+            rec.open_since.store(now, Ordering::Release);
+        }
     }
 }
 
@@ -357,6 +462,35 @@ pub mod calibrate {
         Some(v[v.len() / 2])
     }
 
+    /// Ticks a `-finstrument-functions` hook with no probe to run costs
+    /// when the hooks do not time themselves (the median of `rounds`
+    /// rounds of `n` calls).
+    pub fn fi_unclocked(rounds: usize, n: u64) -> f64 {
+        median(rounds, || {
+            let (base, _, _) = fi_loop(n, false);
+            let (wall, _, _) = fi_loop(n, true);
+            (wall as f64 - base as f64) / n as f64
+        })
+    }
+
+    /// Ticks a sled entry with no probe to run (its exit not watched)
+    /// costs when the hooks do not time themselves; `None` when the sled
+    /// trampoline cannot be placed.
+    pub fn sled_entry_unclocked(rounds: usize, n: u64) -> Option<f64> {
+        let (on, off) = crate::sled::trampoline::calibration_functions(NO_PROBE)?;
+        Some(median(rounds, || {
+            let (base, _, _) = call_loop(off, n);
+            let (wall, _, _) = call_loop(on, n);
+            (wall as f64 - base as f64) / n as f64
+        }))
+    }
+
+    fn median(rounds: usize, mut f: impl FnMut() -> f64) -> f64 {
+        let mut v: Vec<f64> = (0..rounds.max(1)).map(|_| f()).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
     /// Ticks a `-finstrument-functions` hook costs beyond its own stamps:
     /// the call and return, the stub's first instructions and the halves
     /// of the two TSC reads that fall outside what they stamp. The median
@@ -388,7 +522,7 @@ mod tests {
             let rec = begin(t).expect("record");
             assert_eq!(rec.hook_ticks(), 0);
             tsc::spin_until(t, 1000);
-            end(Some(rec), t);
+            end_fi(rec as *const ThreadClock as usize, tsc::now());
             let after = rec.hook_ticks();
             assert!(after >= 1000, "{after}");
             let (p, _) = period();
@@ -402,7 +536,7 @@ mod tests {
             assert!(!rec.active_in(p2));
             let t = tsc::now();
             begin(t);
-            end(Some(rec), t);
+            end_fi(rec as *const ThreadClock as usize, tsc::now());
             assert!(rec.active_in(p2));
             assert_eq!(rec.period_base(p2), after);
             assert_eq!(rec.tid(), unsafe { libc::gettid() });

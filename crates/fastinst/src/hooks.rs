@@ -83,21 +83,52 @@ thread_local! {
     pub(crate) static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The hook stubs' first instructions: the TSC into `r8` (the fast path's
-/// fifth argument) while hooks time themselves ([`crate::clock`]), else 0.
-/// `rax`, `rdx` and `r8` are free: the hooks are called as ordinary
-/// functions of two arguments.
-macro_rules! stamp {
-    () => {
-        concat!(
-            "xor r8d, r8d\n",
-            "cmp byte ptr [rip + {clocked}], 0\n",
-            "je 2f\n",
-            "rdtsc\n",
-            "shl rdx, 32\n",
-            "or rax, rdx\n",
-            "mov r8, rax\n",
-            "2:"
+/// The hook stubs. Unclocked: hand the return address and the stack to
+/// Rust and jump there (`mov rdx,[rsp]; jmp`), as always. Clocked
+/// ([`crate::clock`]): the TSC first of all, the fast path called (it
+/// returns the thread clock to charge, or 0), and the TSC again last of
+/// all, both behind `lfence` so that each stamp sits at a fixed
+/// instruction. What the stamps miss (the `call` into the stub and the
+/// return, the stamps' own cost, the charge) is then the same whatever
+/// the handler did, and the calibration measures it once
+/// (`clock::calibrate`). `rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8`-`r11` are
+/// free: the hooks are called as ordinary functions of two arguments.
+macro_rules! hook_stub {
+    ($unclocked:path, $clocked:path) => {
+        core::arch::naked_asm!(
+            "cmp byte ptr [rip + {clocked}], 0",
+            "jne 2f",
+            "mov rdx, [rsp]",
+            "lea rcx, [rsp + 8]",
+            "xor r8d, r8d",
+            "jmp {unclocked}",
+            "2:",
+            "lfence",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rax, rdx",
+            "mov r8, rax",
+            // Aligns the stack for the call.
+            "push r8",
+            "mov rdx, [rsp + 8]",
+            "lea rcx, [rsp + 16]",
+            "call {clocked_fast}",
+            "pop r8",
+            "test rax, rax",
+            "jz 3f",
+            "mov rdi, rax",
+            "lfence",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rax, rdx",
+            "mov rsi, rax",
+            "jmp {end}",
+            "3:",
+            "ret",
+            clocked = sym crate::clock::FASTINST_CLOCKED,
+            unclocked = sym $unclocked,
+            clocked_fast = sym $clocked,
+            end = sym crate::clock::end_fi,
         )
     };
 }
@@ -109,7 +140,7 @@ macro_rules! stamp {
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!(stamp!(), "mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym enter_fast, clocked = sym crate::clock::FASTINST_CLOCKED)
+    hook_stub!(enter_fast, enter_clocked)
 }
 
 /// The exit hook gcc and clang call (`-finstrument-functions`).
@@ -119,7 +150,7 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, ca
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    core::arch::naked_asm!(stamp!(), "mov rdx, [rsp]", "lea rcx, [rsp + 8]", "jmp {f}", f = sym exit_fast, clocked = sym crate::clock::FASTINST_CLOCKED)
+    hook_stub!(exit_fast, exit_clocked)
 }
 
 /// The hooks' addresses, as the site recogniser compares them.
@@ -130,16 +161,28 @@ pub(crate) fn hooks() -> Hooks {
     }
 }
 
-extern "C" fn enter_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) {
+extern "C" fn enter_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
+    hook(HookKind::Enter, this_fn, ret, call_site, stack, 0);
+}
+
+extern "C" fn exit_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64) {
+    hook(HookKind::Exit, this_fn, ret, call_site, stack, 0);
+}
+
+/// The clocked fast paths: return the thread clock the stub charges with
+/// the hook's time (0: none).
+extern "C" fn enter_clocked(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) -> usize {
     hook(HookKind::Enter, this_fn, ret, call_site, stack, started)
 }
 
-extern "C" fn exit_fast(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) {
+extern "C" fn exit_clocked(this_fn: u64, call_site: u64, ret: u64, stack: u64, started: u64) -> usize {
     hook(HookKind::Exit, this_fn, ret, call_site, stack, started)
 }
 
+/// Finds the probe and fires it; returns the thread clock to charge with
+/// the hook's time, for a hook that `started` (0: unclocked, nothing).
 #[inline(always)]
-fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, started: u64) {
+fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, started: u64) -> usize {
     let id = match providers::tag::decode(this_fn, LOW_LIMIT.load(Ordering::Relaxed)) {
         Some(id) => id,
         None => match sitetable::get(key::ret(ret)) {
@@ -157,20 +200,17 @@ fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, star
 
 /// Runs probe `id`'s handler, if it has one, under the recursion guard,
 /// with the hook's context published for [`context`]. `started` is the
-/// hook's TSC stamp (0 when hooks do not time themselves): the hook's
-/// time, up to the handler's return, goes to the thread's clock.
+/// hook's TSC stamp (0 when hooks do not time themselves); returns the
+/// thread clock its stub charges with the hook's time (0: none).
 #[inline(always)]
-pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
-    // A hook inside a handler is part of that handler's hook, which counts
-    // its whole time: it is not charged again.
-    let started = if started != 0 && guard_get() { 0 } else { started };
-    let clock = crate::clock::begin(started);
+pub(crate) fn fire(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) -> usize {
+    let (clock, started) = crate::clock::begin_hook(started);
     fire_inner(id, call_site, stack, cfa, started);
-    crate::clock::end(clock, started);
+    clock
 }
 
-/// [`fire`] for a caller that charges the hook's time itself (the sled
-/// trampolines, whose work after the handler is the hook's too).
+/// [`fire`] for a caller that begins the hook's clock itself (the sled
+/// trampolines, whose work around the handler is the hook's too).
 #[inline(always)]
 pub(crate) fn fire_unclocked(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
     fire_inner(id, call_site, stack, cfa, started)
@@ -255,13 +295,13 @@ fn slow(
     stack: u64,
     by_function: Option<ProbeId>,
     started: u64,
-) {
+) -> usize {
     if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
         // A hook reached from discovery itself (a callback, a signal
         // handler that interrupted it) or from a handler: not discovered
         // now; the next call from outside discovers it.
         stats::bump(&stats::DROPPED_IN_DISCOVERY);
-        return;
+        return 0;
     }
     IN_DISCOVERY.with(|d| d.set(true));
     let r = std::panic::catch_unwind(|| {
@@ -278,10 +318,10 @@ fn slow(
         // Discovery is the runtime's time too: the handler then starts
         // from the hook's own stamp.
         Ok(Some(id)) => fire(id, call_site, stack, 0, started),
-        Ok(None) => crate::clock::end(crate::clock::begin(started), started),
+        Ok(None) => crate::clock::begin_hook(started).0,
         Err(_) => {
-            crate::clock::end(crate::clock::begin(started), started);
-            crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched"))
+            crate::log::error(format_args!("discovery panicked at {ret:#x}; the site stays unpatched"));
+            crate::clock::begin_hook(started).0
         }
     }
 }

@@ -26,6 +26,35 @@
 //!   see the table in the README.
 //!
 //! The same API is exported to C (`include/fastinst.h`).
+//!
+//! # Example
+//!
+//! Count every call of every instrumented function: each entry probe is
+//! switched on with a counting handler as it is discovered, and exit
+//! probes are switched off.
+//!
+//! ```no_run
+//! use fastinst::{ProbeId, ProbeKind};
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! static CALLS: AtomicU64 = AtomicU64::new(0);
+//!
+//! extern "C" fn count(_: ProbeId) {
+//!     CALLS.fetch_add(1, Ordering::Relaxed);
+//! }
+//!
+//! fn main() -> fastinst::Result<()> {
+//!     fastinst::on_discovery(|m| {
+//!         let _ = match m.kind {
+//!             ProbeKind::Entry => fastinst::activate(m.id, count),
+//!             ProbeKind::Exit => fastinst::deactivate(m.id),
+//!         };
+//!     })?;
+//!     // ... the program's instrumented code runs here ...
+//!     println!("{} calls through {} probes", CALLS.load(Ordering::Relaxed), fastinst::probe_count());
+//!     Ok(())
+//! }
+//! ```
 
 pub mod api;
 pub mod capi;

@@ -2,16 +2,10 @@
 //! tool and the client, write reports at exit, keep working across fork
 //! and `dlclose`.
 //!
-//! | variable | values | default |
-//! | --- | --- | --- |
-//! | `FASTINST_TOOL` | `none`, `off`, `count` | `none` |
-//! | `FASTINST_STRATEGY` | `flip`, `paper`, `word-sync`, `word-async` | `flip` |
-//! | `FASTINST_CLIENT` | path of a client `.so` exporting `int fastinst_client_init(void)` | none |
-//! | `FASTINST_OUT` | directory for reports (created if missing) | `.` |
-//! | `FASTINST_LOG` | `error`, `warn`, `info`, `debug` | `warn` |
-//! | `FASTINST_REWRITE` | `1`, `0`: rewrite `this_fn` loads to pass probe ids | `1` |
-//!
-//! An invalid value is reported on stderr and the default is used.
+//! The variables it reads, their values and defaults are listed once, in
+//! the README's table of settings; each is parsed where it is used
+//! (`tools`, `profile::Settings::from_env`, `wordpatch`), and an invalid
+//! value is reported on stderr and its default used.
 
 use crate::discovery::{forget_modules, with_state, STATE};
 use crate::log;

@@ -209,6 +209,78 @@ pub(crate) fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// A system call of up to three arguments, made directly (no libc, no
+/// `errno`): the raw return value, negative for an error.
+///
+/// # Safety
+/// The arguments must be valid for system call `nr`.
+pub(crate) unsafe fn syscall3(nr: libc::c_long, a: usize, b: usize, c: usize) -> isize {
+    let ret: isize;
+    // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as isize => ret,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+    ret
+}
+
+/// CPU time thread `tid` of this process has used, in nanoseconds, with
+/// the system call itself; `None` once the thread has exited.
+pub(crate) fn cpu_ns_of(tid: i32) -> Option<u64> {
+    // The kernel's per-thread scheduler clock for `tid`
+    // (`MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`).
+    let clock = ((!(tid as i64)) << 3) | 6;
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime(clock, &ts) writes `ts`.
+    let ret = unsafe {
+        syscall3(
+            libc::SYS_clock_gettime,
+            clock as usize,
+            &mut ts as *mut libc::timespec as usize,
+            0,
+        )
+    };
+    (ret == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// A system call of up to five arguments, made directly (see
+/// [`syscall3`]).
+///
+/// # Safety
+/// The arguments must be valid for system call `nr`.
+pub(crate) unsafe fn syscall5(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> isize {
+    let ret: isize;
+    // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as isize => ret,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            in("r10") d,
+            in("r8") e,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack)
+        )
+    };
+    ret
+}
+
+/// Sets the calling thread's timer slack to `ns` (how late the kernel may
+/// end its sleeps to batch wake-ups; 50 us by default).
+pub(crate) fn set_timer_slack(ns: u64) {
+    // SAFETY: prctl(PR_SET_TIMERSLACK, ns) takes a plain number.
+    unsafe { syscall3(libc::SYS_prctl, libc::PR_SET_TIMERSLACK as usize, ns as usize, 0) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -405,22 +405,8 @@ pub(crate) fn write_reports() {
     }
     let now = tsc::now();
     let r = collect(t, now);
-    match crate::profile::report::write_named(&r, &t.out, "fastinst-trace") {
-        Ok(paths) => {
-            let line = format!(
-                "fastinst: trace of {} functions written to {} (also {})\n",
-                r.functions.len(),
-                paths[0].display(),
-                paths[1..]
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        }
-        Err(e) => crate::log::error(format_args!("cannot write the trace to {}: {e}", t.out.display())),
-    }
+    let written = crate::profile::report::write_named(&r, &t.out, "fastinst-trace");
+    crate::profile::report::announce(&format!("trace of {} functions", r.functions.len()), &t.out, written);
 }
 
 fn collect(t: &Tracer, now: u64) -> Report {
@@ -485,8 +471,14 @@ fn collect(t: &Tracer, now: u64) -> Report {
                 address: format!("{:#x}", f.addr),
                 calls_sampled: a.timed,
                 calls_estimated: a.calls as f64,
+                calls_sd: 0.0,
+                calls_exact: true,
                 total_ms: ms(a.inclusive as f64),
+                recursive: false,
+                total_capped: false,
                 self_ms: ms(a.self_ticks as f64),
+                cpu_samples: 0,
+                self_share: None,
                 mean_us: us(a.hist.iter().map(|(m, c)| m * f64::from(c)).sum::<f64>() / a.timed.max(1) as f64),
                 min_us: us(a.min as f64),
                 p50_us: q(0.5),
@@ -530,6 +522,8 @@ fn collect(t: &Tracer, now: u64) -> Report {
             samples_per_window: 0,
             epoch_ms: 0.0,
             inlined: t.inlined,
+            windows: 0,
+            cpu_samples: false,
         },
         overhead: Overhead {
             probes: registry::count(),
@@ -547,9 +541,11 @@ fn collect(t: &Tracer, now: u64) -> Report {
             no_thread: 0,
             stacks_merged: 0,
             inlined_copies_off: t.inlined_off.load(Ordering::Relaxed),
+            open_at_exit: 0,
         },
         functions,
         edges: edges_out,
         stacks: Stacks::default(),
+        cpu: None,
     }
 }

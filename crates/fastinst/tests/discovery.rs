@@ -72,8 +72,6 @@ fn discovers_20000_probes() {
             parts[0] > 0 && parts[2] > 0,
             "modules and discovery take time: {parts:?}"
         );
-        // Looking for sled tables where there are none is cheap.
-        assert!(parts[1] < parts[0], "sled registration without sleds: {parts:?}");
     }
 }
 

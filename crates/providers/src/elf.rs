@@ -194,6 +194,28 @@ fn each_function<'a>(
     Ok(())
 }
 
+/// The GNU build id of an ELF image (its `NT_GNU_BUILD_ID` note), which
+/// names its separate debug file (`/usr/lib/debug/.build-id/xx/rest.debug`).
+pub fn build_id(bytes: &[u8]) -> Option<Vec<u8>> {
+    let elf = Elf::parse(bytes).ok()?;
+    let notes = elf.iter_note_headers(bytes)?;
+    for note in notes.flatten() {
+        if note.n_type == goblin::elf::note::NT_GNU_BUILD_ID && note.name == "GNU" {
+            return Some(note.desc.to_vec());
+        }
+    }
+    None
+}
+
+/// The separate debug file of an image with build id `id`, under
+/// `/usr/lib/debug/.build-id` (Debian's `-dbg` and `-dbgsym` packages).
+pub fn debug_file(id: &[u8]) -> Option<std::path::PathBuf> {
+    let (first, rest) = id.split_first()?;
+    let hex: String = rest.iter().map(|b| format!("{b:02x}")).collect();
+    let p = std::path::PathBuf::from(format!("/usr/lib/debug/.build-id/{first:02x}/{hex}.debug"));
+    p.exists().then_some(p)
+}
+
 /// Demangles a C++ (Itanium) or Rust (legacy or v0) symbol; other names are
 /// returned as they are.
 pub fn demangle(name: &str) -> String {

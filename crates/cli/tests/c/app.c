@@ -1,8 +1,10 @@
 /* A small instrumented program for the CLI tests: a few functions called
  * often enough to be sampled, a line of output, and the exit status given
  * as its first argument. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static volatile long sink;
 
@@ -19,7 +21,17 @@ __attribute__((noinline)) long work(int round) {
 
 int main(int argc, char **argv) {
     long total = 0;
-    for (int r = 0; r < 3000; r++) total += work(r);
+    /* APP_RAISE=N: signal N to itself halfway, then a pause in which an
+     * on-demand report can be written. */
+    const char *raise_at = getenv("APP_RAISE");
+    for (int r = 0; r < 3000; r++) {
+        total += work(r);
+        if (r == 1500 && raise_at) {
+            raise(atoi(raise_at));
+            struct timespec ts = {0, 300 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
     printf("total %ld\n", total);
     return argc > 1 ? atoi(argv[1]) : 0;
 }

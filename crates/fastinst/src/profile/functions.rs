@@ -1,58 +1,16 @@
-//! Per-function sampling state: the quota window and the call estimate.
+//! Per-function profiling state: the timing quota of each epoch, the exit
+//! probes' bookkeeping, and the counting window ([`super::window`]).
 //!
-//! A function's entry probe counts the calls of the current window; the
-//! K-th switches the entry probe off and stamps the time. The daemon closes
-//! each exhausted window at the next epoch: with the window opened at `t_0`
-//! and the K-th call at `t_k`, the rate is `(K - 0.8) / (t_k - t_0)` and the
-//! window's calls are `rate × (close - t_0)`. A window that never fills
-//! counts its calls exactly.
-//!
-//! Why K - 0.8 ([`RATE_OFFSET`]): no offset is unbiased for every arrival
-//! pattern, and the bounding cases pull apart. For calls at a steady period
-//! (loops) `t_k - t_0` is `(K - 1 + U)` periods with the first call's phase
-//! U uniform in [0, 1), so K - 1/2 is unbiased to first order; for Poisson
-//! arrivals (several threads calling one function look like that) K - 1 is,
-//! and K - 1/2 reads about (K - 1/2)/(K - 1) = 5.6% high at K = 10. Bursty
-//! calls (a loop with a long pause every hundred rounds, as in the test
-//! tree) read higher still. The offset is the minimax over the three,
-//! simulated through this code
-//! (`the_rate_offset_bounds_the_bias_of_every_arrival_pattern`):
-//!
-//! | offset | loop | Poisson | bursty |
-//! | --- | ---: | ---: | ---: |
-//! | 0.5 | -0.0% | +6.4% | +7.0% |
-//! | 0.75 | -2.7% | +3.6% | +4.2% |
-//! | **0.8** | -3.2% | +3.0% | +3.6% |
-//! | 1.0 | -5.3% | +0.8% | +1.3% |
-//!
-//! With K - 1/2 the test tree's bursty `step` measured +4% to +7%, once
-//! +10.3% against its 10% bound. Measuring from the first call instead
-//! would be exact for one loop and 12% high for Poisson. The estimate
-//! assumes the rate within one window is steady (README).
-//!
-//! # Handler time
-//!
-//! A window's rate is measured while its calls, and every other function
-//! whose window is open, pay for their samples; the rest of the epoch runs
-//! with the probes off. The program is slower in the window than outside
-//! it, so the rate came out low: on `tests/c/jumps.c` (a 20 us loop) the
-//! steady function read -5.2% to -10.7% (mean -7.8%, 60 runs of its gcc
-//! `-finstrument-functions` and sled builds), once -10.3% in CI against the
-//! test's 10% bound, where the offset alone accounts for -3.2%. So when one
-//! thread made both the window's first and K-th calls, the handler time
-//! that thread spent between them ([`Func::kth_call`], the thread's own
-//! handler clock, [`super::local::handler_clock`]) is taken off the window
-//! and off the epoch: the rate is in the program's own time. The same loop
-//! now reads -2.3% to -7.9% (mean -4.7%, 60 runs). What is left is the
-//! offset, the hook dispatch before a handler starts its clock (the
-//! site-table lookup, often a cache miss), and the window's cold first
-//! call. (That loop spins on the clock, and hooks inside the spin, of an
-//! inlined `now_ns`, do not lengthen it, so there some handler time is
-//! taken off that did not slow the program; work that is not timed by the
-//! clock is slowed by all of it.) Calls spread over threads get no
-//! correction: another thread's handlers do not slow this one, and those
-//! arrivals look Poisson, for which the offset reads high.
+//! Two things happen to a function's calls in an epoch. The first K calls
+//! (`FASTINST_PROFILE_SAMPLES`) are timed: their entry and exit are paired
+//! and their duration, caller and path recorded. Independently, the calls
+//! inside the epoch's counting window are counted, for the call estimate.
+//! The entry probe stays on until both are done: the quota filled and the
+//! window over. A function whose window is the whole epoch keeps its entry
+//! probe on throughout (every call counted, a light handler after the
+//! first K).
 
+use super::window::Window;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Exits per window that may match no sampled call before an exhausted
@@ -77,13 +35,9 @@ pub(crate) const TAIL_HINT: u32 = 1 << 30;
 const EXIT_HINT: u32 = 1 << 31;
 const _: () = assert!(crate::sitetable::CAPACITY <= TAIL_HINT as usize);
 
-/// What a filled window's rate subtracts from its K calls, measured over
-/// `t_k - t_0` (see the module doc, "Why K - 0.8").
-pub const RATE_OFFSET: f64 = 0.8;
-
 /// One instrumented function.
 ///
-/// The fields a sample reads and writes come first and share one cache
+/// The fields a handler reads and writes come first and share one cache
 /// line (`repr(C)`, aligned): a function is sampled a few times per epoch,
 /// between which the program evicts it, so each line it spans is a miss.
 #[repr(C, align(64))]
@@ -92,14 +46,10 @@ pub(crate) struct Func {
     pub addr: usize,
     /// End of the function's code, 0 until resolved from its symbol.
     pub end: AtomicUsize,
-    /// When the current window began (TSC).
-    pub window_start: AtomicU64,
-    /// When the quota filled (TSC).
-    pub t_k: AtomicU64,
+    /// The epoch (high 32 bits) and the calls timed in it (low 32).
+    sampled: AtomicU64,
     /// Sampled calls entered and not yet exited.
     pub outstanding: AtomicI32,
-    /// Calls counted in the current window.
-    pub count: AtomicU32,
     /// Bumped each time one of the function's exit probes is switched off
     /// or on: a sampled call whose stamp differs may have exited unseen
     /// (see [`Frame::exit_gen`](super::thread::Frame::exit_gen)).
@@ -114,13 +64,16 @@ pub(crate) struct Func {
     /// [`TAIL_HINT`] for a tail-jump exit (found by the function, after a
     /// look for its caller's return address); 0: no hint.
     exit_slot: AtomicU32,
-    /// The quota filled and the entry probe is off until the next epoch.
+    /// The quota of the current epoch is filled: no more calls are timed
+    /// until the next.
     pub exhausted: AtomicBool,
     /// Its exit probe follows its entry probe (a sled function: see
     /// `crate::sled::follow_entry`): it sees exactly the returns of the
     /// calls entered while the entry probe was on, so it stays on for the
     /// whole run and is never switched off here.
     pub exits_follow_entry: AtomicBool,
+    /// The counting window and the call estimate.
+    pub window: Window,
     /// Demangled name (may be empty): the probe's own name where it is
     /// UTF-8, which lives for the process (discovery leaks each name
     /// once), not a copy of it per function.
@@ -128,108 +81,68 @@ pub(crate) struct Func {
     /// Its probes: one pair per copy of the function's code, and an
     /// inlined function has a copy in each caller.
     pub probes: FuncProbes,
-    /// Estimated calls of closed windows (f64 bits; the daemon writes).
-    est_closed: AtomicU64,
-    /// Windows closed.
-    pub windows: AtomicU64,
-    /// The thread that made the window's first call (its store's address,
-    /// 0: none yet) and its handler clock then.
-    first_thread: AtomicUsize,
-    first_clock: AtomicU64,
-    /// Handler ticks that thread spent between the window's first and K-th
-    /// calls, when one thread made both (else 0).
-    window_handler: AtomicU64,
+}
+
+/// What [`Func::take_sample`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sample {
+    /// Time this call, the epoch's n-th (from 1); `last` when it fills the
+    /// quota.
+    Take { n: u32, last: bool },
+    /// The quota is filled.
+    Full,
 }
 
 impl Func {
-    pub(crate) fn new(addr: usize, name: impl Into<std::borrow::Cow<'static, str>>, now: u64) -> Func {
+    pub(crate) fn new(addr: usize, name: impl Into<std::borrow::Cow<'static, str>>) -> Func {
         Func {
             addr,
             end: AtomicUsize::new(0),
+            sampled: AtomicU64::new(0),
             outstanding: AtomicI32::new(0),
-            window_start: AtomicU64::new(now),
-            t_k: AtomicU64::new(0),
-            count: AtomicU32::new(0),
             exit_gen: AtomicU32::new(0),
             unmatched: AtomicU32::new(0),
             exit_probe: AtomicU32::new(0),
             exit_slot: AtomicU32::new(0),
             exhausted: AtomicBool::new(false),
             exits_follow_entry: AtomicBool::new(false),
+            window: Window::new(),
             name: name.into(),
             probes: FuncProbes::default(),
-            est_closed: AtomicU64::new(0f64.to_bits()),
-            windows: AtomicU64::new(0),
-            first_thread: AtomicUsize::new(0),
-            first_clock: AtomicU64::new(0),
-            window_handler: AtomicU64::new(0),
         }
     }
 
-    /// Estimated calls of the current window if it closed at `now`.
-    pub(crate) fn window_estimate(&self, quota: u32, now: u64) -> f64 {
-        let n = self.count.load(Ordering::Acquire);
-        if !self.exhausted.load(Ordering::Acquire) {
-            return n as f64;
-        }
-        let t0 = self.window_start.load(Ordering::Relaxed);
-        let tk = self.t_k.load(Ordering::Relaxed);
-        // Handler time inside the window, off both spans (module doc).
-        let h = self.window_handler.load(Ordering::Relaxed);
-        let est = if tk > t0 + h && now > t0 + h {
-            (quota as f64 - RATE_OFFSET) * (now - t0 - h) as f64 / (tk - t0 - h) as f64
-        } else {
-            n as f64
-        };
-        est.max(n as f64)
-    }
-
-    /// Closes the current window at `now` (daemon only). The next opens
-    /// with [`open_window`](Self::open_window), stamped right before the
-    /// entry probes are switched back on: a stamp taken earlier (while other
-    /// functions' probes are toggled) would stretch the window and bias the
-    /// rate low.
-    pub(crate) fn close_window(&self, quota: u32, now: u64) {
-        let e = self.window_estimate(quota, now);
-        let total = f64::from_bits(self.est_closed.load(Ordering::Relaxed)) + e;
-        self.est_closed.store(total.to_bits(), Ordering::Relaxed);
-        self.windows.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Opens a window at `now`, before the entry probes go on.
-    pub(crate) fn open_window(&self, now: u64) {
-        self.window_start.store(now, Ordering::Relaxed);
-        self.first_thread.store(0, Ordering::Relaxed);
-        self.window_handler.store(0, Ordering::Relaxed);
-        self.count.store(0, Ordering::Release);
-        self.unmatched.store(0, Ordering::Relaxed);
-        self.exhausted.store(false, Ordering::Release);
-    }
-
-    /// The window's first call, on the thread whose handler clock is
-    /// `clock` (see [`super::local::handler_clock`]).
-    pub(crate) fn first_call(&self, clock: (usize, u64)) {
-        self.first_clock.store(clock.1, Ordering::Relaxed);
-        self.first_thread.store(clock.0, Ordering::Release);
-    }
-
-    /// The window's K-th call, at `t`, on the thread whose handler clock is
-    /// `clock`: stamps the window's end, and the handler time to take off
-    /// it when the same thread made the first call (see the module doc,
-    /// "Handler time"). A first call stamped in an earlier window (its
-    /// thread descheduled between counting and stamping for a whole epoch)
-    /// is caught by its span: handler time on one thread cannot exceed the
-    /// window's length.
-    pub(crate) fn kth_call(&self, t: u64, clock: Option<(usize, u64)>) {
-        let span = t.saturating_sub(self.window_start.load(Ordering::Relaxed));
-        let h = match clock {
-            Some((thread, now)) if self.first_thread.load(Ordering::Acquire) == thread => {
-                Some(now.wrapping_sub(self.first_clock.load(Ordering::Relaxed))).filter(|&h| h < span)
+    /// Claims a timing sample of epoch `epoch` (quota `k`): the first call
+    /// of a new epoch starts its count afresh.
+    #[inline(always)]
+    pub(crate) fn take_sample(&self, epoch: u32, k: u32) -> Sample {
+        let want = u64::from(epoch) << 32;
+        let mut v = self.sampled.load(Ordering::Relaxed);
+        loop {
+            let n = if v & !0xFFFF_FFFF == want { v & 0xFFFF_FFFF } else { 0 };
+            if n >= u64::from(k) {
+                return Sample::Full;
             }
-            _ => None,
-        };
-        self.window_handler.store(h.unwrap_or(0), Ordering::Relaxed);
-        self.t_k.store(t, Ordering::Relaxed);
+            match self
+                .sampled
+                .compare_exchange_weak(v, want | (n + 1), Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Sample::Take {
+                        n: n as u32 + 1,
+                        last: n + 1 == u64::from(k),
+                    }
+                }
+                Err(now) => v = now,
+            }
+        }
+    }
+
+    /// Whether epoch `epoch`'s quota `k` is filled.
+    #[cfg(test)]
+    pub(crate) fn quota_filled(&self, epoch: u32, k: u32) -> bool {
+        let v = self.sampled.load(Ordering::Acquire);
+        k == 0 || (v >> 32 == u64::from(epoch) && v & 0xFFFF_FFFF >= u64::from(k))
     }
 
     /// Counts an exit that matched no sampled call; true once the window's
@@ -238,22 +151,14 @@ impl Func {
         self.unmatched.fetch_add(1, Ordering::Relaxed) >= EXIT_BUDGET
     }
 
-    /// Estimated calls so far.
-    pub(crate) fn estimated_calls(&self, quota: u32, now: u64) -> f64 {
-        f64::from_bits(self.est_closed.load(Ordering::Relaxed)) + self.window_estimate(quota, now)
-    }
-
-    /// Forgets every count and opens a fresh window at `now` (a forked
-    /// child profiles its own calls). Returns whether the quota had filled:
-    /// the function's entry probes are then still off, as the parent left
-    /// them, and the caller switches them back on.
-    pub(crate) fn reset(&self, now: u64) -> bool {
-        let exhausted = self.exhausted.load(Ordering::Acquire);
-        self.est_closed.store(0f64.to_bits(), Ordering::Relaxed);
-        self.windows.store(0, Ordering::Relaxed);
+    /// Forgets the timing quota and the counts (a forked child profiles
+    /// its own calls).
+    pub(crate) fn reset(&self) {
+        self.sampled.store(0, Ordering::Relaxed);
         self.outstanding.store(0, Ordering::Relaxed);
-        self.open_window(now);
-        exhausted
+        self.unmatched.store(0, Ordering::Relaxed);
+        self.exhausted.store(false, Ordering::Relaxed);
+        self.window.reset();
     }
 
     /// Notes exit probe `id`, found by its hook call at site-table slot
@@ -412,7 +317,7 @@ mod tests {
 
     #[test]
     fn a_sample_touches_one_cache_line_of_its_function() {
-        let f = Func::new(0x1000, "", 0);
+        let f = Func::new(0x1000, "");
         let base = &f as *const Func as usize;
         assert_eq!(base % 64, 0);
         for last in [
@@ -424,124 +329,15 @@ mod tests {
     }
 
     #[test]
-    fn handler_time_of_the_thread_that_filled_the_window_is_taken_off_it() {
-        let f = Func::new(0x1000, "f", 1000);
-        // First call at 1100 on thread A (clock 5000), the 10th at 2120
-        // (clock 5200): 200 of the window's 1120 ticks were A's handlers.
-        f.count.store(10, Ordering::Relaxed);
-        f.first_call((0xa, 5000));
-        f.kth_call(2120, Some((0xa, 5200)));
-        f.exhausted.store(true, Ordering::Relaxed);
-        // 9.2 calls per 920 program ticks, over 10_000 - 200 of them.
-        assert!((f.window_estimate(10, 11_000) - 98.0).abs() < 1e-9);
-        // The 10th call on another thread: nothing is taken off.
-        f.kth_call(2120, Some((0xb, 9000)));
-        assert!((f.window_estimate(10, 11_000) - 9.2 * 10_000.0 / 1120.0).abs() < 1e-9);
-        // A first call stamped before this window (its clock too far back
-        // to fit in it) is ignored, as is one from before the window
-        // reopened.
-        f.kth_call(2120, Some((0xa, 5000 + 1120)));
-        assert_eq!(f.window_handler.load(Ordering::Relaxed), 0);
-        f.close_window(10, 11_000);
-        f.open_window(11_000);
-        f.kth_call(12_000, Some((0xa, 5100)));
-        assert_eq!(f.window_handler.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn windows_estimate_from_the_quota_rate() {
-        let f = Func::new(0x1000, "f", 1000);
-        // The 10th call 920 ticks after the window opened: rate 9.2/920.
-        f.count.store(10, Ordering::Relaxed);
-        f.t_k.store(1920, Ordering::Relaxed);
-        f.exhausted.store(true, Ordering::Relaxed);
-        assert!((f.window_estimate(10, 11_000) - 100.0).abs() < 1e-9);
-        f.close_window(10, 11_000);
-        f.open_window(11_000);
-        // A window that does not fill counts exactly.
-        f.count.store(3, Ordering::Relaxed);
-        assert!((f.estimated_calls(10, 50_000) - 103.0).abs() < 1e-9);
-        assert_eq!(f.windows.load(Ordering::Relaxed), 1);
-    }
-
-    /// Runs the windows of one function over `calls` (sorted TSC stamps)
-    /// through `Func`'s own window code: a window opens at each epoch, the
-    /// K-th call fills it, the next epoch closes it. Returns the estimate.
-    fn estimate(calls: &[u64], end: u64, epoch: u64, k: u32) -> f64 {
-        let f = Func::new(0x1000, "", 0);
-        let mut i = 0;
-        let mut t0 = 0;
-        while t0 < end {
-            let close = (t0 + epoch).min(end);
-            f.open_window(t0);
-            let mut n = 0;
-            while i < calls.len() && calls[i] < close {
-                if n < k {
-                    n += 1;
-                    f.count.store(n, Ordering::Relaxed);
-                    if n == k {
-                        f.t_k.store(calls[i], Ordering::Relaxed);
-                        f.exhausted.store(true, Ordering::Relaxed);
-                    }
-                }
-                i += 1;
-            }
-            f.close_window(k, close);
-            t0 = close;
-        }
-        f64::from_bits(f.est_closed.load(Ordering::Relaxed))
-    }
-
-    use crate::profile::test_rng::Rng;
-
-    /// The module doc's claim, checked through the real window code: the
-    /// estimate's mean error stays within 4% for steady loops, Poisson
-    /// arrivals and the test tree's bursty pattern (a 2 ms pause every 100
-    /// calls of 55 us). K - 1/2 fails it (Poisson +6.4%, bursty +7.0%), and
-    /// so does K - 1 (loops -5.3%).
-    #[test]
-    fn the_rate_offset_bounds_the_bias_of_every_arrival_pattern() {
-        const US: u64 = 1000;
-        let (end, epoch, runs) = (600_000 * US, 10_000 * US, 60);
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        type Pattern = fn(&mut Rng, u64) -> Vec<u64>;
-        let patterns: [(&str, Pattern); 3] = [
-            ("loop", |r, end| {
-                let mut t = (r.unit() * 55.0 * US as f64) as u64;
-                std::iter::from_fn(|| {
-                    t += 55 * US;
-                    (t < end).then_some(t)
-                })
-                .collect()
-            }),
-            ("poisson", |r, end| {
-                let mut t = 0.0;
-                std::iter::from_fn(|| {
-                    t += -(1.0 - r.unit()).ln() * 55.0 * US as f64;
-                    ((t as u64) < end).then_some(t as u64)
-                })
-                .collect()
-            }),
-            ("bursty", |r, end| {
-                let mut t = (r.unit() * 7560.0 * US as f64) as u64;
-                let mut i = 0u64;
-                std::iter::from_fn(|| {
-                    t += 55 * US + if i.is_multiple_of(100) { 2060 * US } else { 0 };
-                    i += 1;
-                    (t < end).then_some(t)
-                })
-                .collect()
-            }),
-        ];
-        for (name, pattern) in patterns {
-            let mut err = 0.0;
-            for _ in 0..runs {
-                let calls = pattern(&mut rng, end);
-                err += estimate(&calls, end, epoch, 10) / calls.len() as f64 - 1.0;
-            }
-            let mean = err / runs as f64;
-            assert!(mean.abs() < 0.04, "{name}: mean error {:+.1}%", mean * 100.0);
-        }
+    fn the_quota_restarts_each_epoch() {
+        let f = Func::new(0x1000, "f");
+        assert_eq!(f.take_sample(1, 2), Sample::Take { n: 1, last: false });
+        assert_eq!(f.take_sample(1, 2), Sample::Take { n: 2, last: true });
+        assert_eq!(f.take_sample(1, 2), Sample::Full);
+        assert!(f.quota_filled(1, 2));
+        assert!(!f.quota_filled(2, 2));
+        assert!(f.quota_filled(2, 0), "a quota of none is always filled");
+        assert_eq!(f.take_sample(2, 2), Sample::Take { n: 1, last: false });
     }
 
     #[test]

@@ -250,7 +250,7 @@ mod tests {
             check::<7>(&samples, 1.0 / 256.0 + 1e-9);
             // Log-uniform, as latencies spread over octaves are.
             let samples: Vec<u64> = (0..5_000)
-                .map(|_| 1 + (next() % 1000) << (next() % spread as u64))
+                .map(|_| (1 + (next() % 1000)) << (next() % spread as u64))
                 .collect();
             check::<4>(&samples, 1.0 / 32.0 + 1e-9);
             check::<7>(&samples, 1.0 / 256.0 + 1e-9);

@@ -24,14 +24,13 @@ impl Drop for Local {
         // word above cleared no handler reaches the shadow stack after it.
         let sh = unsafe { &mut *self.0.shadow.get() };
         if let Some(p) = get() {
-            for fr in sh.frames.drain(..) {
-                if let Some(f) = p.funcs.get(fr.func) {
-                    f.outstanding.fetch_sub(1, Ordering::Relaxed);
-                }
-                p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            }
+            // Its calls still in flight end with it (a thread body that
+            // called pthread_exit).
+            super::close_open_frames(p, &self.0, sh);
         }
         self.0.exited.store(true, Ordering::Relaxed);
+        super::exposure::end_thread(&self.0);
+        self.0.died.store(wordpatch::tsc::now(), Ordering::Release);
     }
 }
 
@@ -48,9 +47,27 @@ fn new_store() -> Arc<ThreadStore> {
         agg: Mutex::new(Agg::default()),
         exited: AtomicBool::new(false),
         counts: Counters::default(),
+        calls: super::counts::Counts::default(),
+        died: std::sync::atomic::AtomicU64::new(0),
+        x_cpu: std::sync::atomic::AtomicU64::new(0),
+        x_wall: std::sync::atomic::AtomicU64::new(0),
+        x_hooks: std::sync::atomic::AtomicU64::new(0),
+        x_cpu_read: std::sync::atomic::AtomicU64::new(0),
+        x_cpu_at: std::sync::atomic::AtomicU64::new(0),
+        cpu_final: std::sync::atomic::AtomicU64::new(0),
+        clock: std::sync::atomic::AtomicUsize::new(
+            crate::clock::current().map_or(0, |c| c as *const crate::clock::ThreadClock as usize),
+        ),
     });
+    super::exposure::start_thread(&s);
+    super::cpusample::thread_start();
     if let Some(p) = get() {
         p.threads.lock().push(s.clone());
+        // The stores stay for the life of the process: the list the
+        // sampler and the window schedule read without a lock.
+        let leaked: &'static Arc<ThreadStore> = Box::leak(Box::new(s.clone()));
+        p.add_store(leaked.as_ref());
+        s.calls.reserve(p.funcs.len());
     }
     s
 }
@@ -84,19 +101,4 @@ fn first_use<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
 /// This thread's store, if it has one and is not exiting.
 pub(super) fn current() -> Option<Arc<ThreadStore>> {
     LOCAL.try_with(|l| l.0.clone()).ok()
-}
-
-/// This thread's handler clock: its store's address (naming the thread)
-/// and the ticks its handlers have spent so far; `None` before its first
-/// sample and while it exits.
-#[inline(always)]
-pub(super) fn handler_clock() -> Option<(usize, u64)> {
-    let p = crate::tls::profile_store() as *const ThreadStore;
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: as in `with_local`: a non-zero word points at this thread's
-    // live store; the counter is an atomic.
-    let ticks = unsafe { (*p).counts.handler_ticks.load(Ordering::Relaxed) };
-    Some((p as usize, ticks))
 }

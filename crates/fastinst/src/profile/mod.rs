@@ -1,43 +1,53 @@
 //! The latency profiler (`FASTINST_TOOL=profile`, the default tool): the
-//! paper's §9 case study.
+//! paper's §9 case study, made to tell the truth on real programs.
 //!
-//! Bursty sampling: every function starts with its entry and exit probes
-//! on. The entry handler counts the calls of the current window; the K-th
-//! (`FASTINST_PROFILE_SAMPLES`, default 10) switches the entry probe off
-//! from inside its own handler (one callpatch store: cheap and safe, the
-//! hook call is already under way). The exit probe stays on until the
-//! function's sampled calls in flight have exited, then switches itself off;
-//! a sled function's exit probe instead follows its entry probe
-//! (`crate::sled::follow_entry`) and stays on: it sees the returns of the
-//! calls sampled while the entry probe was on, and no others.
+//! Time is cut into epochs (`FASTINST_PROFILE_EPOCH_MS`, default 10, each
+//! drawn from half to one and a half times it), alternately *timing* and
+//! *counting*:
+//! - In a timing epoch every function's probes are on until it has timed
+//!   its first K calls (`FASTINST_PROFILE_SAMPLES`, default 10): entry and
+//!   exit paired, each duration in the program's own time (the hooks'
+//!   time taken off, `crate::clock`), with its caller and call path. Then
+//!   its entry probe switches itself off from inside its handler.
+//! - In a counting epoch, calls are counted in windows (`schedule`):
+//!   stretches of time the sampler thread places at random, in which a
+//!   function's entry probe is on and every call counted; the windows'
+//!   counts over their exposure, the program's own CPU time
+//!   (`exposure`), estimate every call (`window`). A function with
+//!   few calls is counted whole, every call of every epoch, and timed in
+//!   every epoch too.
+//!
+//! Self time comes from CPU samples of each thread (`cpusample`),
+//! inclusive time from the timed calls, each outermost activation once;
+//! calls still in flight when their thread or the process ends are timed
+//! to that end. The report ([`report`]) gives each call estimate with its
+//! standard deviation, and marks what it could not measure well.
+//!
 //! Copies of a function that gcc's `-finstrument-functions` left inlined in
 //! other functions (hooks in another function's code, not in the function's
 //! clones or `.cold` parts: [`ProbeMeta::inlined`]) are switched off at
 //! discovery and never sampled unless `FASTINST_PROFILE_INLINED=1`; see
-//! [`Settings::inlined`] for why.
-//! A sampler thread re-activates exhausted functions every epoch
-//! (`FASTINST_PROFILE_EPOCH_MS`, default 10) and closes their window for the
-//! call estimate (`functions`). It is made with `clone(2)`, unknown to
-//! glibc, which therefore keeps its single-threaded `malloc` in a
-//! single-threaded program (`rawthread.rs`, [`Sampler`]); so its epoch
-//! allocates nothing and never parks. Pairing, call paths
-//! and their limits are in `thread`; the reports in [`report`].
+//! [`Settings::inlined`] for why. The sampler thread is made with
+//! `clone(2)`, unknown to glibc, which therefore keeps its single-threaded
+//! `malloc` in a single-threaded program (`rawthread.rs`, [`Sampler`]); so
+//! its epoch allocates nothing and never parks. Pairing, call paths and
+//! their limits are in `thread`.
 
-mod decimal;
+mod counts;
+mod cpusample;
 mod exhausted;
-mod flame;
+mod exposure;
 mod functions;
 pub(crate) mod hist;
-mod json;
 mod local;
 mod paths;
-mod pathtree;
 pub mod report;
-mod svg;
+mod schedule;
 mod table;
 #[cfg(test)]
 mod test_rng;
 mod thread;
+mod window;
 
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
 use crate::registry;
@@ -46,15 +56,18 @@ use crate::sitetable::{self, key};
 use crate::Strategy;
 use exhausted::Exhausted;
 use functions::Func;
+use functions::Sample;
 use local::with_local;
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
+use schedule::Schedule;
 use std::cell::UnsafeCell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use thread::{Agg, Frame, Shadow, MAX_DEPTH, NO_NODE};
+use window::Kind;
 use wordpatch::tsc;
 
 /// Profiler settings, from the environment.
@@ -73,24 +86,35 @@ pub struct Settings {
     ///
     /// Off by default. gcc's `-finstrument-functions` keeps the hooks of
     /// every inlined copy (clang's after-inlining form and sled builds have
-    /// none), and sampling them cost more than it showed, measured on
-    /// Table 3's gcc builds (QuickJS, SQLite):
-    /// - they are mostly helpers a few instructions long (QuickJS's
-    ///   `JS_FreeValue`, 1.2 M calls), whose sampled durations are mostly
-    ///   the hooks' own time;
-    /// - they doubled the samples per second (QuickJS 84,000/s against
-    ///   44,000/s; SQLite 95,000/s against 57,000/s) and tripled the
-    ///   sampler's re-arming (QuickJS 60,000 toggles/s against 17,000/s):
-    ///   the handlers and the sampler took 4.3% of QuickJS's CPU and 3.7%
-    ///   of SQLite's, and take 2.3% and 2.7% without them (CPU samples,
-    ///   `fastinst-shares`, 4 runs each);
-    /// - their call paths filled the per-thread path table, so 32-55% of
-    ///   the samples were shown as `[...];function` (0-10% without them).
+    /// none), and sampling them cost more than it showed on Table 3's gcc
+    /// builds (measured in `crates/benches/results/history.md`):
+    /// - they are mostly helpers a few instructions long, whose sampled
+    ///   durations are mostly the hooks' own time;
+    /// - they about doubled the samples per second and the handlers' and
+    ///   sampler's share of the CPU;
+    /// - their call paths filled the per-thread path table, so much of the
+    ///   flame graph was cut to `[...];function`.
     ///
     /// Left off, an inlined copy's time is its caller's self time, as in
     /// clang and sled builds of the same program, so the reports of the
     /// three builds name the same functions.
     pub inlined: bool,
+    /// Whether to take CPU samples for self time
+    /// (`FASTINST_PROFILE_CPU`, default 1; see `cpusample`).
+    pub cpu_samples: bool,
+    /// Counting windows per windowed function per counting epoch
+    /// (`FASTINST_PROFILE_WINDOWS`, default 2; see `schedule`): more
+    /// windows, a tighter call estimate and more counting.
+    pub windows: usize,
+}
+
+impl Settings {
+    /// The epoch's length over the default's, at least 1: the calls per
+    /// epoch that make a function windowed scale with it, so that what
+    /// decides is a rate, the cost of counting it whole.
+    pub fn epoch_scale(&self) -> f64 {
+        (self.epoch.as_secs_f64() / 0.010).max(1.0)
+    }
 }
 
 /// The sampler thread's kind (`FASTINST_PROFILE_SAMPLER`).
@@ -114,6 +138,8 @@ impl Default for Settings {
             signal: 0,
             sampler: Sampler::Clone,
             inlined: false,
+            windows: 2,
+            cpu_samples: true,
         }
     }
 }
@@ -122,7 +148,8 @@ impl Settings {
     /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS`,
     /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number) and
     /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`) and
-    /// `FASTINST_PROFILE_INLINED` (`0`, `1`); an invalid value is reported
+    /// `FASTINST_PROFILE_INLINED` (`0`, `1`) and `FASTINST_PROFILE_WINDOWS`
+    /// (1 to 64); an invalid value is reported
     /// and the default kept.
     pub fn from_env() -> Settings {
         let mut s = Settings::default();
@@ -149,6 +176,21 @@ impl Settings {
                 _ => crate::log::error(format_args!(
                     "FASTINST_PROFILE_SAMPLER: `{v}` is not clone or pthread; using clone"
                 )),
+            }
+        }
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_WINDOWS") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if (1..=64).contains(&n) => s.windows = n,
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_WINDOWS: `{v}` is not a number in [1, 64]; using 2"
+                )),
+            }
+        }
+        if let Ok(v) = std::env::var("FASTINST_PROFILE_CPU") {
+            match v.trim() {
+                "0" => s.cpu_samples = false,
+                "1" => s.cpu_samples = true,
+                _ => crate::log::error(format_args!("FASTINST_PROFILE_CPU: `{v}` is not 0 or 1; using 1")),
             }
         }
         if let Ok(v) = std::env::var("FASTINST_PROFILE_INLINED") {
@@ -184,13 +226,13 @@ impl Settings {
 pub(crate) struct Counters {
     pub samples: AtomicU64,
     pub toggles: AtomicU64,
-    pub handler_ticks: AtomicU64,
     pub unmatched_exits: AtomicU64,
     pub abandoned: AtomicU64,
     pub too_deep: AtomicU64,
     pub no_cfa: AtomicU64,
     pub no_thread: AtomicU64,
     pub inlined_off: AtomicU64,
+    pub open_at_exit: AtomicU64,
 }
 
 impl Counters {
@@ -204,9 +246,9 @@ impl Counters {
 
     fn all(&self) -> [&AtomicU64; 9] {
         [
+            &self.open_at_exit,
             &self.samples,
             &self.toggles,
-            &self.handler_ticks,
             &self.unmatched_exits,
             &self.abandoned,
             &self.too_deep,
@@ -233,6 +275,43 @@ pub(crate) struct ThreadStore {
     /// What this thread's handlers counted; only this thread writes them
     /// ([`Counters::add_own`]).
     pub counts: Counters,
+    /// Its call counters ([`counts`]).
+    pub calls: counts::Counts,
+    /// When it exited (TSC; 0 while it runs).
+    pub died: AtomicU64,
+    /// Where the exposure clock last counted it to: CPU time (ns), wall
+    /// TSC and hook ticks; and its CPU clock's last reading and when
+    /// ([`exposure`]; the schedule's lock holder only).
+    pub x_cpu: AtomicU64,
+    pub x_wall: AtomicU64,
+    pub x_hooks: AtomicU64,
+    pub x_cpu_read: AtomicU64,
+    pub x_cpu_at: AtomicU64,
+    /// Its CPU time when it exited (ns; 0 while it runs).
+    pub cpu_final: AtomicU64,
+    /// Its program clock ([`crate::clock::ThreadClock`], as an address; 0
+    /// until its first clocked hook).
+    pub clock: std::sync::atomic::AtomicUsize,
+}
+
+impl ThreadStore {
+    /// Notes this thread's program clock (on the owning thread, in a hook).
+    #[cold]
+    fn link_clock(&self) {
+        if let Some(c) = crate::clock::current() {
+            self.clock
+                .store(c as *const crate::clock::ThreadClock as usize, Ordering::Release);
+        }
+    }
+
+    /// The thread's hook time at wall time `now` (0 before it has a clock).
+    pub(crate) fn hooks_at(&self, now: u64) -> u64 {
+        match self.clock.load(Ordering::Acquire) {
+            0 => 0,
+            // SAFETY: a thread clock is never freed.
+            c => unsafe { &*(c as *const crate::clock::ThreadClock) }.hook_ticks_at(now),
+        }
+    }
 }
 
 // SAFETY: `shadow` is only touched by the owning thread (through its
@@ -249,7 +328,19 @@ pub(crate) struct Profiler {
     pub settings: Settings,
     pub funcs: Segmented<Func, FUNC_SEGMENTS>,
     by_addr: Mutex<thread::FxMap<usize, u32>>,
-    exhausted: Exhausted<FUNC_SEGMENTS>,
+    /// The functions the sampler folds and re-arms at its next tick: those
+    /// counted in the epoch, or whose window was closed.
+    due: Exhausted<FUNC_SEGMENTS>,
+    /// The epoch's counting windows in time.
+    schedule: Schedule,
+    /// Every thread's store, for readers that take no lock (the window
+    /// schedule, the sampler).
+    stores: Segmented<&'static ThreadStore, 256>,
+    stores_lock: AtomicBool,
+    /// When the current epoch began (TSC).
+    epoch_start: AtomicU64,
+    /// TSC ticks per ns (f64 bits; see [`ticks_per_ns`]).
+    tpn: AtomicU64,
     /// Moves whenever a live frame's call path may have changed; see
     /// [`Shadow::path_end`] and [`paths_may_change`].
     path_epoch: AtomicU32,
@@ -265,11 +356,29 @@ pub(crate) struct Profiler {
     /// its re-arming and its wake-ups, a cost the handlers' time does not
     /// show.
     sampler_ns: AtomicU64,
+    /// [`window::WHOLE_OVERFLOW`] and [`window::WINDOWED_ABOVE`] for this
+    /// epoch length (see [`Settings::epoch_scale`]).
+    whole_overflow: u64,
+    windowed_above: f64,
     pub out: PathBuf,
     pub program: String,
 }
 
 impl Profiler {
+    /// Adds a thread's store to the lock-free list.
+    pub(crate) fn add_store(&self, s: &'static ThreadStore) {
+        crate::spin::acquire(&self.stores_lock);
+        if self.stores.push(s).is_none() {
+            crate::log::warn(format_args!("profile: thread table full; thread {} not counted", s.tid));
+        }
+        crate::spin::release(&self.stores_lock);
+    }
+
+    /// Every thread's store.
+    pub(crate) fn stores(&self) -> impl Iterator<Item = &'static ThreadStore> + '_ {
+        (0..self.stores.len()).filter_map(|i| self.stores.get(i).copied())
+    }
+
     /// Counter `field` summed over the profiler's set and every thread's.
     pub(crate) fn total(&self, field: fn(&Counters) -> &AtomicU64) -> u64 {
         let threads = self.threads.lock();
@@ -419,41 +528,60 @@ fn paths_may_change(p: &Profiler) {
 }
 
 extern "C" fn on_entry(id: ProbeId) {
-    let t_in = tsc::now();
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
-    let n = f.count.fetch_add(1, Ordering::AcqRel) + 1;
-    let mut toggled = 0;
-    if n == 1 {
-        if let Some(clock) = local::handler_clock() {
-            f.first_call(clock);
-        }
-    }
-    if n >= p.settings.samples {
-        // This probe fired, so it is on; another copy of the function's
-        // entry may have filled the quota.
-        let switched_off = crate::deactivate(id).is_ok();
-        toggled = u64::from(switched_off);
-        if n == p.settings.samples {
-            // Handed to the sampler only now that the probe is off: handed
-            // over first, the function could be re-armed in the moment
-            // before the switch, which would leave the probe off for good
-            // (see `reopened`).
-            f.kth_call(t_in, local::handler_clock());
-            f.exhausted.store(true, Ordering::Release);
-            let handed = p.exhausted.push(fi);
-            // `discovered` reserved its bit before switching any of its
-            // probes on.
-            debug_assert!(handed, "function {fi} has no exhausted bit");
-        } else if switched_off && reopened(f) && crate::activate(id, on_entry).is_ok() {
-            toggled += 1;
-        }
-    }
+    let (epoch, _) = crate::clock::period();
     let ctx = crate::hooks::context();
+    let now = ctx.started;
+    match f.window.kind() {
+        // A function counted whole is also timed in every epoch: its few
+        // calls cost the counting windows nothing that matters, and a
+        // function called a few times a run is sampled every time.
+        Kind::Whole => count_whole(p, f, fi, epoch, id),
+        Kind::Windowed if counting_epoch(epoch) => {
+            // Counting: a light handler, no exit watched.
+            crate::hooks::decline_exit();
+            if f.window.is_open() {
+                count_call(fi);
+            }
+            // Between its windows the sampler keeps it off.
+            return;
+        }
+        Kind::Windowed => {}
+    }
+    // Timing epochs run with the hooks timing themselves: this thread's
+    // clock exists (the hook made it), unless the epoch began while this
+    // hook was starting (then it is timed from the next call).
+    let Some(clock) = crate::clock::current() else { return };
+    if now == 0 {
+        return;
+    }
+    let mut toggled = 0;
+    let gen = f.window.gen.load(Ordering::SeqCst);
+    let Sample::Take { n, last } = f.take_sample(epoch, p.settings.samples) else {
+        crate::hooks::decline_exit();
+        if f.window.kind() == Kind::Windowed {
+            switch_off(p, f, fi, id, gen);
+        }
+        return;
+    };
+    if n == 1 {
+        // A new epoch's first timed call: its exits must be watched (a
+        // function the sampler did not re-arm may have them off).
+        f.exhausted.store(false, Ordering::SeqCst);
+        toggled += exits_on(p, f);
+    }
+    if last {
+        f.exhausted.store(true, Ordering::Release);
+        if f.window.kind() == Kind::Windowed {
+            switch_off(p, f, fi, id, gen);
+        }
+    }
     let Some(cfa) = crate::hooks::cfa(ctx) else {
         p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    let h0 = clock.hook_ticks();
     let pushed = with_local(|store, sh| {
         if toggled > 0 {
             Counters::add_own(&store.counts.toggles, toggled);
@@ -465,7 +593,6 @@ extern "C" fn on_entry(id: ProbeId) {
         }
         // SeqCst: see `exit_watch_changed`.
         f.outstanding.fetch_add(1, Ordering::SeqCst);
-        let t0 = tsc::now();
         sh.frames.push(Frame {
             exit_gen: f.exit_gen.load(Ordering::SeqCst),
             func: fi,
@@ -473,14 +600,14 @@ extern "C" fn on_entry(id: ProbeId) {
             caller: ctx.call_site as u64,
             from: called_from(f, id, ctx.call_site as u64),
             entry: id,
-            t0,
+            t0: now,
+            h0,
             child: 0,
             node: NO_NODE,
             node_epoch: 0,
             open: false,
         });
         f.prefetch_exit(ctx.call_site as u64);
-        Counters::add_own(&store.counts.handler_ticks, t0 - t_in);
     });
     if pushed.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
@@ -488,8 +615,102 @@ extern "C" fn on_entry(id: ProbeId) {
     }
 }
 
+/// Whether epoch `e` counts calls (even epochs) or times them (odd).
+///
+/// The two are kept apart. Timing samples are heavy (their exits, and the
+/// exits of calls that were not sampled, are hooked too) and crowd the
+/// start of an epoch, when windows open; a window's rate, corrected only
+/// for its own calls' counting, read the bundled demo's calls 1.7 to 1.9
+/// times their count with both in one epoch. A counting epoch times
+/// nothing and runs its hooks without their clock.
+#[inline(always)]
+pub(crate) fn counting_epoch(e: u32) -> bool {
+    e.is_multiple_of(2)
+}
+
+/// Counts a call of function `fi` on this thread; returns its calls on
+/// the thread since its count was last marked.
+#[inline(always)]
+fn count_call(fi: u32) -> u64 {
+    with_local(|store, _| {
+        if store.clock.load(Ordering::Relaxed) == 0 {
+            store.link_clock();
+        }
+        store.calls.bump(fi)
+    })
+    .unwrap_or(0)
+}
+
+/// Counts a call of a function counted whole (through entry probe `id`,
+/// stamped `now`); its first of an epoch hands it to the sampler, which
+/// folds the epoch's count. Past [`window::WHOLE_OVERFLOW`] calls on this
+/// thread in the epoch its probe goes off, and the sampler makes it
+/// windowed.
+#[inline(always)]
+fn count_whole(p: &Profiler, f: &Func, fi: u32, epoch: u32, id: ProbeId) {
+    let k = count_call(fi);
+    if f.window.counted_epoch.load(Ordering::Relaxed) != epoch {
+        f.window.counted_epoch.store(epoch, Ordering::Relaxed);
+        p.due.push(fi);
+    }
+    if k > p.whole_overflow
+        && f.window
+            .overflow_at
+            .compare_exchange(0, tsc::now(), Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        && crate::deactivate(id).is_ok()
+    {
+        add_toggles(p, 1);
+    }
+}
+
+/// Adds `n` toggles to this thread's count (or the profiler's, on a
+/// thread that is exiting).
+fn add_toggles(p: &Profiler, n: u64) {
+    if with_local(|store, _| Counters::add_own(&store.counts.toggles, n)).is_none() {
+        p.counters.toggles.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Entry probe `id` of windowed function `f` (function `fi`) goes off
+/// until it is armed again: its timing quota is filled, or it has no
+/// window open. `gen` is the function's arming count read before the
+/// handler decided.
+///
+/// The schedule or the sampler may arm the function between that read
+/// and the switch: then the probe goes back on. Arming bumps the count
+/// (`SeqCst`), then switches on; this switches off, fences, then reads it:
+/// either the arming's switch-on comes after this switch-off, or this
+/// reads the new count.
+fn switch_off(p: &Profiler, f: &Func, fi: u32, id: ProbeId, gen: u64) {
+    if crate::deactivate(id).is_ok() {
+        p.due.push(fi);
+        let mut toggles = 1;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if f.window.gen.load(Ordering::Relaxed) != gen && crate::activate(id, on_entry).is_ok() {
+            toggles += 1;
+        }
+        add_toggles(p, toggles);
+    }
+}
+
+/// Switches `f`'s exit probes that are off back on (exits that follow
+/// their entry never go off); returns how many.
+fn exits_on(p: &Profiler, f: &Func) -> u64 {
+    if f.exits_follow_entry.load(Ordering::Relaxed) {
+        return 0;
+    }
+    let mut toggles = 0;
+    f.probes.for_each(|id, is_entry| {
+        if !is_entry && matches!(crate::is_active(id), Ok(false)) && crate::activate(id, on_exit).is_ok() {
+            exit_watch_changed(p, f);
+            toggles += 1;
+        }
+    });
+    toggles
+}
+
 extern "C" fn on_exit(id: ProbeId) {
-    let t = tsc::now();
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     // The common case once the quota is filled: nothing sampled is in
@@ -501,7 +722,6 @@ extern "C" fn on_exit(id: ProbeId) {
             let c = &store.counts;
             Counters::add_own(&c.unmatched_exits, 1);
             Counters::add_own(&c.toggles, u64::from(switched));
-            Counters::add_own(&c.handler_ticks, tsc::now() - t);
         });
         if counted.is_none() {
             // An exiting thread: its own counters are gone.
@@ -515,6 +735,8 @@ extern "C" fn on_exit(id: ProbeId) {
         p.counters.no_cfa.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    let t = ctx.started;
+    let h1 = crate::clock::current().map_or(0, |c| c.hook_ticks());
     let r = with_local(|store, sh| {
         pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, None);
         match sh.frames.last() {
@@ -531,43 +753,74 @@ extern "C" fn on_exit(id: ProbeId) {
                 {
                     Counters::add_own(&store.counts.toggles, 1);
                 }
-                Counters::add_own(&store.counts.handler_ticks, tsc::now() - t);
                 return;
             }
         }
-        let mut done = sh.frames.pop().expect("checked above");
-        if done.from == 0 {
-            done.from = called_from(f, done.entry, done.caller);
-        }
-        let dur = t.saturating_sub(done.t0);
-        if let Some(parent) = sh.frames.last_mut() {
-            if p.funcs
-                .get(parent.func)
-                .is_some_and(|pf| pf.contains(done.from as usize))
-            {
-                parent.child += dur;
-            }
-        }
-        let self_ticks = dur.saturating_sub(done.child);
-        // Read before any frame's watch stamp (see `Shadow::path_end`).
-        let epoch = p.path_epoch.load(Ordering::SeqCst);
-        let mut agg = store.agg.lock();
-        let end = sh.path_end(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i)));
-        if agg.log(fi, done.from, dur, self_ticks, end) {
-            agg.fold();
-        }
-        drop(agg);
+        finish_frame(p, store, sh, t, h1);
         let c = &store.counts;
-        Counters::add_own(&c.samples, 1);
         let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
         if left <= 0 && f.exhausted.load(Ordering::Acquire) && exit_off(p, f, id) {
             Counters::add_own(&c.toggles, 1);
         }
-        Counters::add_own(&c.handler_ticks, tsc::now() - t);
     });
     if r.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Pops the thread's top sampled frame and records it as a call that
+/// returned at `t`, when the thread's hook time was `h1`; returns its
+/// function.
+fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t: u64, h1: u64) -> Option<u32> {
+    let mut done = sh.frames.pop()?;
+    let fi = done.func;
+    let f = p.funcs.get(fi)?;
+    if done.from == 0 {
+        done.from = called_from(f, done.entry, done.caller);
+    }
+    // The program's own time: the hooks' time in between (this call's
+    // entry, every sampled or counted call under it) is not in it.
+    let dur = crate::clock::program_ticks(done.t0, done.h0, t, h1);
+    if let Some(parent) = sh.frames.last_mut() {
+        if p.funcs
+            .get(parent.func)
+            .is_some_and(|pf| pf.contains(done.from as usize))
+        {
+            parent.child += dur;
+        }
+    }
+    let self_ticks = dur.saturating_sub(done.child);
+    // Read before any frame's watch stamp (see `Shadow::path_end`).
+    let epoch = p.path_epoch.load(Ordering::SeqCst);
+    let mut agg = store.agg.lock();
+    let end = sh.path_end(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i)));
+    // Outermost unless an activation of the same function encloses it
+    // (counted once, in the outermost: recursion is not time twice).
+    let outer = !sh.frames.iter().any(|fr| fr.func == fi);
+    if agg.log(fi, done.from, dur, self_ticks, end, outer) {
+        agg.fold();
+    }
+    drop(agg);
+    Counters::add_own(&store.counts.samples, 1);
+    Some(fi)
+}
+
+/// Records the thread's sampled calls still in flight as ending now (the
+/// thread or the process is ending: `main` when the program calls `exit`,
+/// a thread body that calls `pthread_exit`), innermost first; returns how
+/// many.
+pub(crate) fn close_open_frames(p: &Profiler, store: &ThreadStore, sh: &mut Shadow) -> u64 {
+    let t = tsc::now();
+    let h = crate::clock::current().map_or(0, |c| c.hook_ticks());
+    let mut n = 0;
+    while let Some(fi) = finish_frame(p, store, sh, t, h) {
+        if let Some(f) = p.funcs.get(fi) {
+            f.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
+        n += 1;
+    }
+    p.counters.open_at_exit.fetch_add(n, Ordering::Relaxed);
+    n
 }
 
 /// The discovery callback: a function per entry address, both probes on
@@ -579,14 +832,19 @@ fn discovered(m: &ProbeMeta) {
         match map.get(&m.function) {
             Some(&fi) => fi,
             None => {
-                let Some(fi) = p.funcs.push(Func::new(m.function, m.name(), tsc::now())) else {
+                let Some(fi) = p.funcs.push(Func::new(m.function, m.name())) else {
                     crate::log::warn(format_args!("profile: function table full; {} not profiled", m.name()));
                     return;
                 };
                 map.insert(m.function, fi);
-                // Before any of its probes is on, so before its quota can
-                // fill (see `Exhausted::push`).
-                p.exhausted.reserve(fi);
+                // Before any of its probes is on, so before a handler can
+                // hand it to the sampler (see `Exhausted::push`).
+                p.due.reserve(fi);
+                // Every thread's counter for it, so that a window can mark
+                // it from the raw sampler (which must not allocate).
+                for t in p.stores() {
+                    t.calls.reserve(fi + 1);
+                }
                 if let Some(f) = p.funcs.get(fi) {
                     f.end.store(function_end(m.function), Ordering::Release);
                 }
@@ -644,20 +902,22 @@ fn function_end(f: usize) -> usize {
     sitetable::get(key::extent(f as u64)).map_or(usize::MAX, |size| f + size as usize)
 }
 
-/// Opens `f`'s next window and switches its probes back on, exits first
-/// so that no sampled entry misses its exit; returns how many it switched.
-/// On the raw sampler (`raw`) a probe whose switch would take a word patch
-/// is left off and counted ([`Profiler::rearm_skipped`]).
-fn rearm(p: &Profiler, f: &Func, raw: bool) -> u64 {
+/// Switches `f`'s probes that are off back on for the epoch starting,
+/// exits first so that no timed entry misses its exit; returns how many
+/// it switched. On the raw sampler (`raw`) a probe whose switch would take
+/// a word patch is left off and counted ([`Profiler::rearm_skipped`]).
+fn rearm(p: &Profiler, f: &Func, raw: bool, timing: bool) -> u64 {
     let mut toggles = 0;
     for entry in [false, true] {
         if entry {
-            f.open_window(tsc::now());
-            // Pairs with the fence in `reopened`.
-            std::sync::atomic::fence(Ordering::SeqCst);
+            // Pairs with the fence in `reopened`. A counting epoch times
+            // nothing: its quota is filled from the start.
+            f.exhausted.store(!timing, Ordering::SeqCst);
+            // Pairs with `switch_off`'s check.
+            f.window.gen.fetch_add(1, Ordering::SeqCst);
         }
         f.probes.for_each(|id, is_entry| {
-            if is_entry != entry {
+            if is_entry != entry || (!entry && !timing) {
                 return;
             }
             let h: crate::Handler = if entry { on_entry } else { on_exit };
@@ -683,13 +943,7 @@ fn rearm(p: &Profiler, f: &Func, raw: bool) -> u64 {
 /// record (and the first line of its longer probe lists), then its
 /// probes' records, then the code (and sled) lines of those that are off.
 /// A function is re-armed once per epoch, so all of it is cold; one by
-/// one, each of ~100 functions per epoch waited for ~10 misses in turn
-/// (the sampler was ~1% of SQLite's run). With the probe lists read in
-/// place ([`functions::FuncProbes`]) and the code lines added as the last
-/// stage, the epoch's work fell from 15.5 to 11.3 us on
-/// QuickJS's gcc sled build and from 22.8 to 19.5 us on SQLite's, and by
-/// 5-8% on their `-finstrument-functions` builds, whose ~70 us is mostly
-/// the misses themselves (medians of 5 runs each).
+/// one, each of ~100 functions per epoch waited for ~10 misses in turn.
 fn prefetch_epoch(p: &Profiler, due: &[u32]) {
     let funcs = || due.iter().filter_map(|&i| p.funcs.get(i));
     for f in funcs() {
@@ -709,16 +963,66 @@ fn prefetch_epoch(p: &Profiler, due: &[u32]) {
 /// Functions the sampler re-arms per batch (its one buffer, sized once).
 const BATCH: usize = 1024;
 
-/// One epoch of the sampler: closes the window of every function whose
-/// quota filled and switches its probes back on.
+/// One tick of the sampler: the epoch that was running ends now, and the
+/// next, of about `len` ticks, begins. Counting and timing epochs
+/// alternate ([`counting_epoch`]).
+///
+/// Ending a counting epoch, its windows that are still open close now and
+/// every windowed function folds the epoch ([`window`]); one whose rate
+/// now predicts few calls an epoch goes back to being counted whole.
+/// Every function counted whole that was called folds its count, and goes
+/// windowed if the epoch held many calls. Then the next epoch is armed:
+/// a counting epoch's windows are planned ([`schedule::plan`]); in a
+/// timing epoch every function's probes go on, and its first calls are
+/// timed.
 ///
 /// It allocates nothing and takes no lock that parks, so it can run on a
 /// thread the C library does not know ([`crate::rawthread`]): `due` is
-/// filled up to its capacity, never past it.
-fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool) {
-    let now = tsc::now();
+/// filled up to its capacity, never past it, and the schedule's buffers
+/// were made with theirs.
+fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &mut u64, len: u64) {
+    let tpn = ticks_per_ns(p);
+    let mut s = p.schedule.hold();
+    s.exposure.set_rate(tpn);
+    let (ended, _) = crate::clock::period();
+    if counting_epoch(ended) {
+        schedule::finish(p, &mut s);
+    }
+    let x = s.exposure.advance(p);
+    let (now, x_now) = (x.at, x.x());
+    let epoch_x = s.epoch_x;
+    let t0 = p.epoch_start.load(Ordering::Relaxed);
+    let p_epoch = (x_now - epoch_x).max(0.0);
+    if counting_epoch(ended) {
+        s.fold(p, x_now);
+        let mut k = 0;
+        while k < s.windowed.len() {
+            let fi = s.windowed[k];
+            let Some(f) = p.funcs.get(fi) else {
+                k += 1;
+                continue;
+            };
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
+            if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
+                e.go_whole(x_now);
+                for t in p.stores() {
+                    t.calls.open(fi);
+                }
+                f.window.set_kind(Kind::Whole);
+                s.windowed.swap_remove(k);
+                p.due.push(fi);
+            } else {
+                k += 1;
+            }
+        }
+    }
+    let next = crate::clock::advance_period(now);
+    p.epoch_start.store(now, Ordering::Relaxed);
+    s.epoch_x = x_now;
+    let counting = counting_epoch(next);
     let mut toggles = 0;
-    let mut taken = p.exhausted.take(p.funcs.len());
+    let mut taken = p.due.take(p.funcs.len());
     loop {
         due.clear();
         due.extend(taken.by_ref().take(due.capacity()));
@@ -728,24 +1032,168 @@ fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool) {
         prefetch_epoch(p, due);
         for &i in due.iter() {
             let Some(f) = p.funcs.get(i) else { continue };
-            f.close_window(p.settings.samples, now);
-            toggles += rearm(p, f, raw);
+            if f.window.kind() != Kind::Whole {
+                // Windowed: armed below.
+                continue;
+            }
+            let mut n = 0;
+            for t in p.stores() {
+                n += t.calls.since_open(i);
+                t.calls.open(i);
+            }
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
+            e.counted += n as f64;
+            let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
+            if (overflow != 0 || n as f64 > p.windowed_above)
+                && p_epoch > 0.0
+                && s.windowed.len() < schedule::MAX_WINDOWED
+            {
+                if overflow != 0 {
+                    // Counted until `overflow` only: the exposure then, by
+                    // the wall time into the epoch.
+                    let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
+                    let at = epoch_x + p_epoch * frac;
+                    e.go_windowed_from(at, n as f64 / (p_epoch * frac).max(1.0));
+                } else {
+                    e.go_windowed(x_now, n as f64 / p_epoch);
+                }
+                f.window.set_kind(Kind::Windowed);
+                s.windowed.push(i);
+                continue;
+            }
+            toggles += rearm(p, f, raw, !counting);
         }
     }
+    s.raw = raw;
+    if counting {
+        schedule::plan(p, &mut s, next, now, len, p.settings.windows, tpn, rng);
+        schedule::wake(p, &mut s);
+    } else {
+        schedule::idle(&mut s, next);
+        for k in 0..s.windowed.len() {
+            if let Some(f) = p.funcs.get(s.windowed[k]) {
+                toggles += rearm(p, f, raw, true);
+            }
+        }
+    }
+    drop(s);
     // Once per epoch: the handlers update this counter too.
     p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
 }
 
-/// The sampler as a regular thread: with an on-demand report signal
-/// (whose report it writes, which allocates), with a word strategy (whose
-/// waits may call into libc), or where `clone` failed.
+/// TSC ticks per nanosecond, measured since the profiler started (the
+/// last figure while a report holds the start).
+fn ticks_per_ns(p: &Profiler) -> f64 {
+    if let Some(start) = p.start.try_lock() {
+        let (t0, i0) = *start;
+        let ns = i0.elapsed().as_nanos() as f64;
+        if ns >= 1e6 {
+            let r = tsc::now().saturating_sub(t0) as f64 / ns;
+            p.tpn.store(r.to_bits(), Ordering::Relaxed);
+        }
+    }
+    match f64::from_bits(p.tpn.load(Ordering::Relaxed)) {
+        r if r > 0.0 => r,
+        _ => 1.0,
+    }
+}
+
+/// The profiler stops: the running epoch ends now, so that the estimates
+/// are complete (the report at exit). Every function counted whole folds
+/// its count; windowed functions fold the counting epoch, or carry their
+/// last rate to now.
+pub(crate) fn final_fold(p: &'static Profiler) {
+    let mut s = p.schedule.hold();
+    let (ended, _) = crate::clock::period();
+    let counting = counting_epoch(ended) && s.counting;
+    if counting {
+        schedule::finish(p, &mut s);
+    }
+    let x_now = s.exposure.advance(p).x();
+    if counting {
+        s.fold(p, x_now);
+    }
+    schedule::idle(&mut s, ended);
+    for i in p.due.take(p.funcs.len()) {
+        let Some(f) = p.funcs.get(i) else { continue };
+        if f.window.kind() != Kind::Whole {
+            continue;
+        }
+        let mut n = 0;
+        for t in p.stores() {
+            n += t.calls.since_open(i);
+            t.calls.open(i);
+        }
+        // SAFETY: the schedule's lock is held.
+        unsafe { f.window.estimate_mut() }.counted += n as f64;
+    }
+}
+
+/// The sampler's generator (xorshift64), seeded by the clock on first use.
+fn next_random(rng: &mut u64) -> u64 {
+    if *rng == 0 {
+        *rng = tsc::now() | 1;
+    }
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng
+}
+
+/// The length of the next epoch: the setting times a factor uniform in
+/// [0.5, 1.5), from a generator seeded by the clock, so that epochs do not
+/// keep step with a periodic pattern of the program's calls.
+fn next_sleep(p: &Profiler, rng: &mut u64) -> Duration {
+    let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
+    p.settings.epoch.mul_f64(0.5 + u)
+}
+
+/// The first epoch, where every function is counted whole, is short:
+/// the busy ones are windowed from the second.
+fn first_sleep(p: &Profiler) -> Duration {
+    p.settings.epoch.min(Duration::from_millis(1))
+}
+
+/// Sleeps through an epoch of `d`, waking about every
+/// [`schedule::WAKE_US`] in a counting epoch to open its windows.
+fn sleep_epoch(p: &Profiler, d: Duration, raw: bool, rng: &mut u64) {
+    let end = Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || p.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let counting = counting_epoch(crate::clock::period().0);
+        let nap = if counting {
+            let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
+            left.min(Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u))
+        } else {
+            left
+        };
+        if raw {
+            crate::rawthread::sleep(nap);
+        } else {
+            std::thread::sleep(nap);
+        }
+        if counting && !p.stop.load(Ordering::Relaxed) {
+            let mut s = p.schedule.hold();
+            schedule::wake(p, &mut s);
+        }
+    }
+}
+
 fn sampler_pthread() {
     let Some(p) = get() else { return };
+    crate::rawthread::set_timer_slack(1_000);
     let mut due = Vec::with_capacity(BATCH);
     let mut dumping = 0;
+    let mut rng = 0;
+    let mut cur = first_sleep(p);
     while !p.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(p.settings.epoch);
-        epoch(p, &mut due, false);
+        sleep_epoch(p, cur, false, &mut rng);
+        cur = next_sleep(p, &mut rng);
+        epoch(p, &mut due, false, &mut rng, duration_ticks(p, cur));
         if p.dump.swap(false, Ordering::AcqRel) {
             let before = crate::rawthread::thread_cpu_ns();
             write_reports(true);
@@ -756,18 +1204,27 @@ fn sampler_pthread() {
     }
 }
 
+/// `d` in TSC ticks.
+fn duration_ticks(p: &Profiler, d: Duration) -> u64 {
+    (d.as_nanos() as f64 * ticks_per_ns(p)) as u64
+}
+
 /// The sampler on a raw thread ([`crate::rawthread`]). `arg` is its batch
 /// buffer, a leaked `Vec<u32>` with capacity [`BATCH`].
 extern "C" fn sampler_raw(arg: usize) {
     // SAFETY: `start_sampler` leaked this Vec for this thread alone.
     let due = unsafe { &mut *(arg as *mut Vec<u32>) };
     let Some(p) = get() else { return };
+    crate::rawthread::set_timer_slack(1_000);
+    let mut rng = 0;
+    let mut cur = first_sleep(p);
     while !p.stop.load(Ordering::Relaxed) {
-        crate::rawthread::sleep(p.settings.epoch);
+        sleep_epoch(p, cur, true, &mut rng);
         if p.stop.load(Ordering::Relaxed) {
             break;
         }
-        epoch(p, due, true);
+        cur = next_sleep(p, &mut rng);
+        epoch(p, due, true, &mut rng, duration_ticks(p, cur));
         p.sampler_ns.store(crate::rawthread::thread_cpu_ns(), Ordering::Relaxed);
     }
 }
@@ -787,7 +1244,12 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         settings,
         funcs: Segmented::new(),
         by_addr: Mutex::new(thread::FxMap::default()),
-        exhausted: Exhausted::default(),
+        due: Exhausted::default(),
+        schedule: Schedule::default(),
+        stores: Segmented::new(),
+        stores_lock: AtomicBool::new(false),
+        epoch_start: AtomicU64::new(0),
+        tpn: AtomicU64::new(0),
         path_epoch: AtomicU32::new(0),
         threads: Mutex::new(Vec::new()),
         counters: Counters::default(),
@@ -796,14 +1258,26 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         dump: AtomicBool::new(false),
         rearm_skipped: AtomicU64::new(0),
         sampler_ns: AtomicU64::new(0),
+        whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
+        windowed_above: window::WINDOWED_ABOVE * settings.epoch_scale(),
         out,
         program,
     });
     if fresh.is_err() {
         return Ok(());
     }
+    // The hooks time themselves (the program clock), and the first epoch
+    // starts now.
+    crate::clock::start_clock();
+    crate::clock::advance_period(tsc::now());
+    if let Some(p) = get() {
+        p.epoch_start.store(tsc::now(), Ordering::Relaxed);
+    }
     crate::on_discovery(discovered)?;
     start_sampler();
+    if settings.cpu_samples {
+        cpusample::start();
+    }
     if settings.signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.
         unsafe {
@@ -882,18 +1356,43 @@ pub(crate) fn fork_parent() {
 pub(crate) fn fork_child() {
     let Some(p) = get() else { return };
     fork_unlock(p);
+    // SAFETY: the child has one thread, this one, which holds no lock.
+    unsafe { p.schedule.force_unlock() };
     let now = tsc::now();
+    // The parent's other threads do not exist here.
+    let me = local::current();
+    for t in p.stores() {
+        if me.as_ref().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), t)) {
+            // Its CPU clock starts again at 0, and its counts are the
+            // child's from here.
+            exposure::start_thread(t);
+            for i in 0..p.funcs.len() {
+                t.calls.open(i);
+            }
+        } else {
+            t.died.store(now.max(1), Ordering::Release);
+            t.cpu_final
+                .store(t.x_cpu.load(Ordering::Relaxed).max(1), Ordering::Release);
+        }
+    }
+    {
+        let mut s = p.schedule.hold();
+        s.windowed.clear();
+        schedule::idle(&mut s, crate::clock::period().0);
+        s.epoch_x = s.exposure.advance(p).x();
+    }
     *p.start.lock() = (now, Instant::now());
     // Functions whose quota filled in the parent have their entry probes
     // off: re-armed now, so the child's first calls are counted too (the
     // child is one thread until it returns from fork).
-    p.exhausted.clear();
+    // Its epochs start afresh: every function counted whole from now.
+    p.due.clear();
+    crate::clock::advance_period(now);
     let mut rearmed = 0;
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
-            if f.reset(now) {
-                rearmed += rearm(p, f, false);
-            }
+            f.reset();
+            rearmed += rearm(p, f, false, !counting_epoch(crate::clock::period().0));
         }
     }
     // The reset forgot this thread's sampled calls in flight, which the
@@ -907,7 +1406,6 @@ pub(crate) fn fork_child() {
         }
     });
     paths_may_change(p);
-    let me = local::current();
     let mut threads = p.threads.lock();
     threads.retain(|t| me.as_ref().is_some_and(|m| Arc::ptr_eq(m, t)));
     for t in threads.iter() {
@@ -921,6 +1419,11 @@ pub(crate) fn fork_child() {
     // Its sampler is a new thread, whose CPU clock starts at 0.
     p.sampler_ns.store(0, Ordering::Relaxed);
     start_sampler();
+    // Its timers were reset by fork.
+    cpusample::reset();
+    if p.settings.cpu_samples {
+        cpusample::start();
+    }
 }
 
 /// Writes the reports (at exit, or on the signal) and prints where.
@@ -938,6 +1441,12 @@ pub(crate) fn write_reports(on_demand: bool) {
             "profile: {skipped} re-activations skipped: those probes need a word patch, which the clone sampler does not make; FASTINST_PROFILE_SAMPLER=pthread samples them"
         ));
     }
+    if !on_demand {
+        cpusample::stop();
+        // This thread's calls still in flight (main's, at exit) end now.
+        with_local(|store, sh| close_open_frames(p, store, sh));
+        final_fold(p);
+    }
     let began = Instant::now();
     let r = report::collect(p);
     crate::log::debug(format_args!("profile: report collected in {:?}", began.elapsed()));
@@ -946,26 +1455,15 @@ pub(crate) fn write_reports(on_demand: bool) {
         "profile: report collected and written in {:?}",
         began.elapsed()
     ));
-    match written {
-        Ok(paths) => {
-            // One line, made whole first: stderr is unbuffered, and
-            // `eprintln!` writes each piece with a system call of its own
-            // (9 here), between which the program's own output could fall.
-            let line = format!(
-                "fastinst: profile of {} functions ({} samples) written to {} (also {})\n",
-                r.functions.len(),
-                r.overhead.samples,
-                paths[0].display(),
-                paths[1..]
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        }
-        Err(e) => crate::log::error(format_args!("cannot write the profile to {}: {e}", p.out.display())),
-    }
+    report::announce(
+        &format!(
+            "profile of {} functions ({} samples)",
+            r.functions.len(),
+            r.overhead.samples
+        ),
+        &p.out,
+        written,
+    );
     if !on_demand {
         // The process is exiting: handing the report's ~200,000 blocks
         // (a name per frame per path) back to malloc one by one took ~1.5

@@ -17,12 +17,7 @@ use super::thread::{CALLER_TAG, GAP};
 /// Node id of the empty path.
 pub(crate) const ROOT: u32 = 0;
 
-/// Distinct path prefixes kept per thread. Past it, a sample whose path
-/// needs a new node is kept as `[...];function` (which claims no caller)
-/// and counted in the report's `stacks_merged`; an interpreter's recursion
-/// makes hundreds of thousands of paths, and unbounded, the reports grew
-/// to 90 MB.
-pub const MAX_PATH_NODES: usize = 6144;
+pub use fastinst_report::MAX_PATH_NODES;
 
 // A node id is kept in 16 bits in the child table's slots.
 const _: () = assert!(MAX_PATH_NODES <= u16::MAX as usize + 1);

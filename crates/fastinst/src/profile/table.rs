@@ -49,13 +49,7 @@ impl<S: Slot> Default for OpenTable<S> {
     }
 }
 
-/// FxHash's step, as rustc's hasher takes it: a rotate, a xor and a
-/// multiply per word. Resistance to chosen keys buys nothing for keys made
-/// of the program's own call sites and paths.
-#[inline(always)]
-pub(crate) fn mix(h: u64, w: u64) -> u64 {
-    (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
-}
+pub(crate) use fastinst_report::fx::mix;
 
 impl<S: Slot> OpenTable<S> {
     /// The slot `k` hashes to.

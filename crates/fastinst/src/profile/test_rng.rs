@@ -22,4 +22,27 @@ impl Rng {
     pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
+
+    /// A Poisson count of mean `lambda` (small means: Knuth's product of
+    /// uniforms; large: a rounded normal, good enough for a test).
+    pub(crate) fn poisson(&mut self, lambda: f64) -> u64 {
+        if lambda <= 0.0 {
+            return 0;
+        }
+        if lambda > 30.0 {
+            let u1 = self.unit().max(1e-300);
+            let u2 = self.unit();
+            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            return (lambda + z * lambda.sqrt()).round().max(0.0) as u64;
+        }
+        let l = (-lambda).exp();
+        let (mut k, mut p) = (0u64, 1.0);
+        loop {
+            p *= self.unit();
+            if p <= l {
+                return k;
+            }
+            k += 1;
+        }
+    }
 }

@@ -20,8 +20,7 @@ use super::hist::Hist;
 use super::paths::{PathEnd, Paths, Segment, ROOT};
 use super::table::{mix, OpenTable, Slot};
 use crate::prefetch::line as prefetch;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+
 use std::sync::atomic::Ordering;
 
 /// A sampled activation on the shadow stack.
@@ -42,8 +41,10 @@ pub(crate) struct Frame {
     pub from: u64,
     /// The entry probe it came through.
     pub entry: u32,
-    /// Entry time (TSC).
+    /// Entry time (TSC: the entry hook's stamp).
     pub t0: u64,
+    /// The thread's hook ticks at the entry hook's stamp (before its own).
+    pub h0: u64,
     /// Ticks spent in sampled direct children.
     pub child: u64,
     /// The function's [`Func::exit_gen`] when it was entered. If it has
@@ -86,6 +87,12 @@ pub(crate) const MAX_DEPTH: usize = 512;
 pub(crate) struct FnAgg {
     pub n: u64,
     pub sum: u64,
+    /// Durations of the samples that were the outermost sampled
+    /// activation of their function on their thread (a recursive
+    /// function's nested activations are in them already), and how many
+    /// samples were nested.
+    pub outer_sum: u64,
+    pub nested: u64,
     pub min: u64,
     pub max: u64,
     pub hist: Hist,
@@ -96,6 +103,8 @@ impl Default for FnAgg {
         FnAgg {
             n: 0,
             sum: 0,
+            outer_sum: 0,
+            nested: 0,
             min: u64::MAX,
             max: 0,
             hist: Hist::default(),
@@ -104,9 +113,14 @@ impl Default for FnAgg {
 }
 
 impl FnAgg {
-    pub(crate) fn record(&mut self, d: u64) {
+    pub(crate) fn record(&mut self, d: u64, outer: bool) {
         self.n += 1;
         self.sum += d;
+        if outer {
+            self.outer_sum += d;
+        } else {
+            self.nested += 1;
+        }
         self.min = self.min.min(d);
         self.max = self.max.max(d);
         self.hist.add(d);
@@ -115,6 +129,8 @@ impl FnAgg {
     pub(crate) fn merge(&mut self, o: &FnAgg) {
         self.n += o.n;
         self.sum += o.sum;
+        self.outer_sum += o.outer_sum;
+        self.nested += o.nested;
         self.min = self.min.min(o.min);
         self.max = self.max.max(o.max);
         self.hist.merge(&o.hist);
@@ -126,54 +142,7 @@ pub(crate) const GAP: u64 = u64::MAX;
 /// Tag of a caller named by its return address (an unsampled frame).
 pub(crate) const CALLER_TAG: u64 = 1 << 63;
 
-/// FxHash, as rustc uses: a rotate, a xor and a multiply per word. The
-/// aggregates are hashed on every sample (a call path of up to 48 words
-/// among them), and with std's SipHash that hashing was the largest part
-/// of a sample's cost; resistance to chosen-key flooding buys nothing for
-/// keys made of the program's own call paths.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct FxHasher(u64);
-
-impl FxHasher {
-    #[inline(always)]
-    fn add(&mut self, w: u64) {
-        self.0 = mix(self.0, w);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in words.by_ref() {
-            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, v: u32) {
-        self.add(u64::from(v));
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.add(v);
-    }
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.add(v as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A map hashed with [`FxHasher`].
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub(crate) use fastinst_report::fx::FxMap;
 
 /// Samples a thread logs before it folds them into its aggregates.
 const FOLD_SAMPLES: usize = 512;
@@ -257,6 +226,8 @@ struct Logged {
     from: u64,
     dur: u64,
     self_ticks: u64,
+    /// The outermost sampled activation of its function on its thread.
+    outer: bool,
 }
 
 impl Agg {
@@ -265,7 +236,7 @@ impl Agg {
     /// `from` (0: unknown), whose call path ends at `end` of
     /// [`Agg::paths`]. True when the log should be [folded](Agg::fold).
     #[inline]
-    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, end: PathEnd) -> bool {
+    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, end: PathEnd, outer: bool) -> bool {
         if self.pending.capacity() == 0 {
             self.pending.reserve_exact(FOLD_SAMPLES);
         }
@@ -276,6 +247,7 @@ impl Agg {
             from,
             dur,
             self_ticks,
+            outer,
         });
         self.pending.len() >= FOLD_SAMPLES
     }
@@ -316,7 +288,7 @@ impl Agg {
                 }
             }
             if let Some(s) = i.checked_sub(2 * FOLD_AHEAD).and_then(|j| log.get(j)) {
-                self.fns[s.func as usize].record(s.dur);
+                self.fns[s.func as usize].record(s.dur, s.outer);
                 // An edge needs to know its caller; before the function's
                 // extent is known (its first epoch) the sample has none.
                 if s.from != 0 {
@@ -542,7 +514,7 @@ mod tests {
     #[test]
     fn kept_path_nodes_name_the_path_built_from_the_whole_stack() {
         // Eight functions of 0x100 bytes each; extents start unknown.
-        let funcs: &'static [Func] = Box::leak((0..8).map(|i| Func::new(0x1000 + i * 0x100, "", 0)).collect());
+        let funcs: &'static [Func] = Box::leak((0..8).map(|i| Func::new(0x1000 + i * 0x100, "")).collect());
         let func = |i: u32| funcs.get(i as usize);
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut sh = Shadow::new();
@@ -567,6 +539,7 @@ mod tests {
                         from,
                         entry: 0,
                         t0: 0,
+                        h0: 0,
                         child: 0,
                         exit_gen: funcs[fi as usize].exit_gen.load(Ordering::Relaxed),
                         node: NO_NODE,

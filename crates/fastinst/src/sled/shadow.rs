@@ -223,11 +223,11 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
-pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) {
+pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) -> usize {
     if crate::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
-        return;
+        return 0;
     }
     // SAFETY: the trampoline passes the slot just above its own frame, which
     // holds the function's return address.
@@ -245,11 +245,11 @@ pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) {
     } else {
         ret
     };
-    let clock = crate::clock::begin(started);
+    let (clock, started) = crate::clock::begin_hook(started);
     crate::tls::set_exit_declined(0);
     hooks::fire_unclocked(id, caller, slot as u64, cfa, started);
     watch_exit(id, slot, cfa, ret, chained);
-    crate::clock::end_sled(clock, started);
+    clock
 }
 
 /// The entry probe id of the sled the clock's calibration runs
@@ -319,15 +319,13 @@ fn fatal(msg: &[u8]) -> ! {
     }
 }
 
-/// Called by the exit trampoline with the returning function's CFA;
-/// returns the address to continue at (also written just below the CFA).
-pub(crate) extern "C" fn sled_return(cfa: u64, started: u64) -> u64 {
-    // A return inside a handler belongs to that handler's hook.
-    let started = if crate::tls::guard_get() { 0 } else { started };
-    let clock = crate::clock::begin(started);
-    let r = sled_return_inner(cfa, started);
-    crate::clock::end_sled(clock, started);
-    r
+/// Called by the exit trampoline with the returning function's CFA; writes
+/// the address to continue at just below the CFA, and returns the thread
+/// clock the trampoline charges with the hook's time (0: none).
+pub(crate) extern "C" fn sled_return(cfa: u64, started: u64) -> usize {
+    let (clock, started) = crate::clock::begin_hook(started);
+    sled_return_inner(cfa, started);
+    clock
 }
 
 fn sled_return_inner(cfa: u64, started: u64) -> u64 {

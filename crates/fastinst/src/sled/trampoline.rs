@@ -74,6 +74,7 @@ macro_rules! trampolines {
             "xor edx, edx",
             "cmp byte ptr [rip + {clocked}], 0",
             "je 7f",
+            "lfence",
             "rdtsc",
             "shl rdx, 32",
             "or rdx, rax",
@@ -85,6 +86,19 @@ macro_rules! trampolines {
             "mov edi, dword ptr [rbp + 8]",
             "lea rsi, [rbp + 24]",
             "call {enter}",
+            // The hook's end (`crate::clock`): every register but the
+            // vector ones is restored from the frame below, and those are
+            // restored right after.
+            "test rax, rax",
+            "jz 10f",
+            "mov rdi, rax",
+            "lfence",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rax, rdx",
+            "mov rsi, rax",
+            "call {end}",
+            "10:",
             $($restore,)*
             $($reclean,)*
             "lea rsp, [rbp - 80]",
@@ -125,6 +139,7 @@ macro_rules! trampolines {
             "xor eax, eax",
             "cmp byte ptr [rip + {clocked}], 0",
             "je 8f",
+            "lfence",
             "rdtsc",
             "shl rdx, 32",
             "or rax, rdx",
@@ -151,6 +166,16 @@ macro_rules! trampolines {
             concat!("mov rsi, qword ptr [rsp + ", $ret_vsz, " + 40]"),
             $($clean2,)*
             "call {ret}",
+            "test rax, rax",
+            "jz 11f",
+            "mov rdi, rax",
+            "lfence",
+            "rdtsc",
+            "shl rdx, 32",
+            "or rax, rdx",
+            "mov rsi, rax",
+            "call {end}",
+            "11:",
             concat!("mov rax, qword ptr [rsp + ", $ret_vsz, " + 32]"),
             "cmp rax, 1",
             "jb 6f",
@@ -181,6 +206,7 @@ macro_rules! trampolines {
             enter = sym shadow::sled_enter,
             ret = sym shadow::sled_return,
             clocked = sym crate::clock::FASTINST_CLOCKED,
+            end = sym crate::clock::end_sled,
         );
     };
 }

@@ -29,6 +29,11 @@ __attribute__((no_instrument_function)) static void on_probe(const fastinst_prob
     CHECK(rc == 0, "deactivate %u: %s", m->id, fastinst_strerror(rc));
 }
 
+__attribute__((no_instrument_function)) static void ignore(const fastinst_probe_meta *m, void *u) {
+    (void)m;
+    (void)u;
+}
+
 __attribute__((no_instrument_function)) static void count(fastinst_probe_id id) {
     atomic_fetch_add_explicit(&hits[id], 1, memory_order_relaxed);
 }
@@ -94,9 +99,29 @@ int main(int argc, char **argv) {
     CHECK(rc == 0, "set_strategy %s: %s", strategy, fastinst_strerror(rc));
     CHECK(fastinst_set_strategy("bogus") == FASTINST_EINVAL, "bogus strategy accepted");
     CHECK(fastinst_activate(999999, count) == FASTINST_ENOPROBE, "missing probe accepted");
-    CHECK(fastinst_activate(0, NULL) == FASTINST_EINVAL || fastinst_probe_count() == 0, "null handler accepted");
+    /* Every error path, each with its exact code. */
+    CHECK(fastinst_activate(0, NULL) == FASTINST_EINVAL, "null handler accepted");
+    CHECK(fastinst_set_strategy(NULL) == FASTINST_EINVAL, "null strategy name accepted");
+    CHECK(fastinst_deactivate(999999) == FASTINST_ENOPROBE, "deactivate of a missing probe");
+    CHECK(fastinst_is_active(999999) == FASTINST_ENOPROBE, "is_active of a missing probe");
+    CHECK(fastinst_inactive_hits(999999) == FASTINST_ENOPROBE, "inactive_hits of a missing probe");
+    fastinst_probe_meta none;
+    CHECK(fastinst_probe_info(999999, &none) == FASTINST_ENOPROBE, "probe_info of a missing probe");
+    CHECK(fastinst_probe_info(0, NULL) == FASTINST_EINVAL, "probe_info into NULL");
+    CHECK(fastinst_get_stats(NULL) == FASTINST_EINVAL, "get_stats into NULL");
+    CHECK(fastinst_activate_function((void *)expected, count) == FASTINST_ENOFUNCTION,
+          "activate_function of an uninstrumented function");
+    CHECK(fastinst_deactivate_function((void *)expected) == FASTINST_ENOFUNCTION,
+          "deactivate_function of an uninstrumented function");
+    CHECK(fastinst_activate_function((void *)expected, NULL) == FASTINST_EINVAL, "activate_function, null handler");
+    CHECK(fastinst_on_discovery(NULL, NULL) == FASTINST_EINVAL, "null discovery callback accepted");
     rc = fastinst_on_discovery(on_probe, NULL);
     CHECK(rc == 0, "on_discovery: %s", fastinst_strerror(rc));
+    /* The runtime holds at most 16 discovery callbacks (a tool may hold
+     * some): registering more ends in exactly FASTINST_ECALLBACKS. */
+    int more = 0;
+    while ((rc = fastinst_on_discovery(ignore, NULL)) == 0 && more < 32) more++;
+    CHECK(rc == FASTINST_ECALLBACKS && more < 16, "callback %d: %d (%s)", more, rc, fastinst_strerror(rc));
 
     /* Phase 1: every probe is deactivated at discovery. */
     CHECK(work(50) == expected(50), "work wrong while deactivating");
@@ -104,12 +129,12 @@ int main(int argc, char **argv) {
     int patched = 0;
     for (int i = 0; i < nids; i++) {
         fastinst_probe_meta m;
-        fastinst_probe_info(ids[i], &m);
+        CHECK(fastinst_probe_info(ids[i], &m) == 0, "probe_info %u", ids[i]);
         CHECK(fastinst_is_active(ids[i]) == 0, "probe %u still active", ids[i]);
         if (m.form == FASTINST_FORM_UNRECOGNISED) continue;
         patched++;
         long long h = fastinst_inactive_hits(ids[i]);
-        CHECK(h <= 1, "site of probe %u (%s) reached the hook %lld times while off", ids[i], m.function_name, h);
+        CHECK(h >= 0 && h <= 1, "site of probe %u (%s) reached the hook %lld times while off", ids[i], m.function_name, h);
     }
 
     /* Phase 2: reactivation restores the calls, counted exactly. */
@@ -143,7 +168,7 @@ int main(int argc, char **argv) {
           "counts after toggling: leaf %lu mid %lu", hits_of((void *)leaf, FASTINST_ENTRY),
           hits_of((void *)mid, FASTINST_EXIT));
     fastinst_stats st;
-    fastinst_get_stats(&st);
+    CHECK(fastinst_get_stats(&st) == 0, "get_stats");
     printf("ok strategy=%s probes=%d patched=%d toggles=%lu rewritten=%llu unrecognised=%llu\n", fastinst_strategy(),
            nids, patched, toggles, (unsigned long long)st.arg_rewritten, (unsigned long long)st.unrecognised);
     return 0;

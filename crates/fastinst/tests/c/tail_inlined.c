@@ -100,7 +100,14 @@ int main(int argc, char **argv) {
         return 3;
     }
     long hits = 0;
-    for (int i = 0; i < n; i++) hits += fastinst_inactive_hits(ids[i]);
+    for (int i = 0; i < n; i++) {
+        long long h = fastinst_inactive_hits(ids[i]);
+        if (h < 0) {
+            fprintf(stderr, "FAIL: inactive_hits(%u): %s\n", ids[i], fastinst_strerror((int)h));
+            return 4;
+        }
+        hits += h;
+    }
     printf("ok probes=%d inactive=%ld calls=%ld\n", n, hits, calls * 3);
     if (hits > n) {
         fprintf(stderr, "FAIL: %ld hook calls reached switched-off probes\n", hits);

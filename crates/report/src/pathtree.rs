@@ -14,19 +14,17 @@
 //! node, and so are one row.
 //!
 //! This replaced laying every path's frames end to end and sorting the
-//! paths as sequences of token ranks: on SQLite's ~4,300 paths of ~12
-//! frames that was a name lookup per frame and a sort comparing shared
-//! prefixes again and again. Here a name is looked up once per node of a
-//! thread's own path trie, which already shares the prefixes: collecting
-//! the report at exit went from 2.27 to 1.99 ms on SQLite and from 1.52 to
-//! 1.21 ms on QuickJS (gcc sled builds, medians of 9 interleaved runs).
+//! paths as sequences of token ranks, a name lookup per frame and a sort
+//! comparing shared prefixes again and again. Here a name is looked up
+//! once per node of a thread's own path trie, which already shares the
+//! prefixes.
 
-use super::report::{folded_name, StackRow};
-use super::thread::FxMap;
+use crate::fx::FxMap;
+use crate::{folded_name, StackRow};
 use std::sync::Arc;
 
 /// Node id of the empty path.
-pub(super) const ROOT: u32 = 0;
+pub const ROOT: u32 = 0;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -39,7 +37,7 @@ struct Node {
 }
 
 /// Call paths over a list of names, merged by printed name.
-pub(super) struct PathTree {
+pub struct PathTree {
     nodes: Vec<Node>,
     /// (parent, canonical name) -> child.
     children: FxMap<(u32, u32), u32>,
@@ -68,7 +66,7 @@ impl Default for PathTree {
 impl PathTree {
     /// Makes `name` known as name number `id`; names are numbered from 0 in
     /// turn, each before its first [`child`](Self::child).
-    pub(super) fn name(&mut self, id: u32, name: &str) {
+    pub fn name(&mut self, id: u32, name: &str) {
         debug_assert_eq!(id as usize, self.canon.len(), "names are numbered in turn");
         let folded: Box<[u8]> = folded_name(name).collect();
         let canon = *self.by_folded.entry(folded).or_insert(id);
@@ -76,7 +74,7 @@ impl PathTree {
     }
 
     /// The node of `parent`'s path followed by frame `name`.
-    pub(super) fn child(&mut self, parent: u32, name: u32) -> u32 {
+    pub fn child(&mut self, parent: u32, name: u32) -> u32 {
         let canon = self.canon[name as usize];
         let nodes = &mut self.nodes;
         *self.children.entry((parent, canon)).or_insert_with(|| {
@@ -92,12 +90,12 @@ impl PathTree {
 
     /// The node of `frames`' path.
     #[cfg(test)]
-    pub(super) fn path(&mut self, frames: &[u32]) -> u32 {
+    pub fn path(&mut self, frames: &[u32]) -> u32 {
         frames.iter().fold(ROOT, |node, &f| self.child(node, f))
     }
 
     /// Counts `samples` and `self_ms` to paths that end at `node`.
-    pub(super) fn end(&mut self, node: u32, samples: u64, self_ms: f64) {
+    pub fn end(&mut self, node: u32, samples: u64, self_ms: f64) {
         let n = &mut self.nodes[node as usize];
         n.ends = true;
         n.samples += samples;
@@ -106,7 +104,7 @@ impl PathTree {
 
     /// Every path that ends somewhere, in the order of its folded line,
     /// frames as name numbers. `names` are the names numbered.
-    pub(super) fn rows(&self, names: &[Arc<str>]) -> Vec<StackRow> {
+    pub fn rows(&self, names: &[Arc<str>]) -> Vec<StackRow> {
         let ranks = token_ranks(names);
         // Children by parent, laid out by parent (counting sort).
         let mut first = vec![0u32; self.nodes.len() + 1];

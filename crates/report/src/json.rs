@@ -12,7 +12,7 @@
 //! [`write`] is tested equal, byte for byte, to `serde_json::to_writer` of
 //! the whole report.
 
-use super::report::{EdgeRow, FunctionRow, Overhead, Report, SettingsOut, StackRow};
+use crate::{CpuOut, EdgeRow, FunctionRow, Overhead, Report, SettingsOut, StackRow};
 use serde::Serialize;
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -32,9 +32,10 @@ struct Head<'a> {
     functions: &'a [FunctionRow],
     edges: &'a [EdgeRow],
     stacks: Names<'a>,
+    cpu: &'a Option<CpuOut>,
 }
 
-/// [`super::report::Stacks`] without its paths.
+/// [`crate::Stacks`] without its paths.
 #[derive(Serialize)]
 struct Names<'a> {
     names: &'a [Arc<str>],
@@ -81,7 +82,7 @@ impl serde_json::ser::Formatter for PathsBeforeEnd<'_> {
 }
 
 /// Writes `r` to `w` as `serde_json::to_writer(w, r)` does.
-pub(super) fn write(r: &Report, w: &mut impl Write) -> io::Result<()> {
+pub(crate) fn write(r: &Report, w: &mut impl Write) -> io::Result<()> {
     let head = Head {
         schema: &r.schema,
         program: &r.program,
@@ -93,6 +94,7 @@ pub(super) fn write(r: &Report, w: &mut impl Write) -> io::Result<()> {
         functions: &r.functions,
         edges: &r.edges,
         stacks: Names { names: &r.stacks.names },
+        cpu: &r.cpu,
     };
     let written = Cell::new(false);
     let f = PathsBeforeEnd {
@@ -144,8 +146,8 @@ fn write_paths<W: ?Sized + Write>(w: &mut W, paths: &[StackRow]) -> io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::report::Stacks;
-    use crate::profile::test_rng::Rng;
+    use crate::test_rng::Rng;
+    use crate::Stacks;
 
     fn report(rng: &mut Rng, paths: usize) -> Report {
         let mut x = || {
@@ -184,6 +186,8 @@ mod tests {
                 samples_per_window: 10,
                 epoch_ms: x(),
                 inlined: true,
+                windows: 3,
+                cpu_samples: true,
             },
             overhead: Overhead {
                 samples_per_s: x(),
@@ -196,8 +200,14 @@ mod tests {
                     address: format!("{i:#x}"),
                     calls_sampled: i as u64,
                     calls_estimated: x(),
+                    calls_sd: x(),
+                    calls_exact: i % 2 == 0,
                     total_ms: x(),
+                    recursive: i % 3 == 0,
+                    total_capped: false,
                     self_ms: x(),
+                    cpu_samples: i as u64,
+                    self_share: if i % 2 == 1 { Some(x()) } else { None },
                     mean_us: x(),
                     min_us: x(),
                     p50_us: x(),
@@ -217,6 +227,17 @@ mod tests {
                 })
                 .collect(),
             stacks,
+            cpu: Some(CpuOut {
+                interval_us: x(),
+                samples: 7,
+                profiler_samples: 1,
+                lost: 0,
+                other: vec![crate::CpuRow {
+                    name: "malloc".into(),
+                    samples: 3,
+                    share: x(),
+                }],
+            }),
         }
     }
 

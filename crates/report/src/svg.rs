@@ -3,18 +3,17 @@
 //! inferno draws a flame graph from folded text: it parses every line
 //! again, splits and compares frames as strings, keeps them in a hash map
 //! by name and depth, and writes each number with `{:.N}`, whose exact
-//! formatting falls back to Dragon4's big integers for most values. On
-//! SQLite's profile that was 1.6-2.1 ms of the ~7 ms the reports cost at
-//! exit, for ~1,000 frames.
+//! formatting falls back to Dragon4's big integers for most values: a
+//! sizeable part of what the reports cost at exit.
 //!
 //! The paths are already frame numbers here, in the order inferno takes
-//! them, and [`super::flame::drawable`] already cut them to the frames it
+//! them, and [`flame::drawable`] already cut them to the frames it
 //! draws. [`write`] replays inferno's frame building (`flow` in its
 //! `merge.rs`, flame-chart order) on the numbers and writes each frame's
 //! element with the expressions of its `from_lines` (`flamegraph/mod.rs`):
 //! the same `f64` arithmetic, the same colours (its `namehash` and "hot"
 //! palette, ported below), quick-xml's own escaping, and `{:.N}` digits
-//! from [`super::decimal`], which are std's exactly. The header (the
+//! from [`crate::decimal`], which are std's exactly. The header (the
 //! script, the styles, the title) is inferno's own, from drawing a
 //! one-path graph of the same height.
 //!
@@ -25,9 +24,9 @@
 //! surrounding white space, which inferno's line parsing would change; a
 //! frame past the names) are left to inferno ([`write`] returns `false`).
 
-use super::decimal::push_fixed;
-use super::flame::Cut;
-use super::report::{flame_options, Report};
+use crate::decimal::push_fixed;
+use crate::flame::Cut;
+use crate::{flame_options, Report};
 use std::fmt::Write as _;
 
 /// A frame as inferno's `merge::frames` makes it: a name at a depth (the

@@ -1,10 +1,10 @@
 //! The flame graph's input, without the frames it would not draw.
 //!
 //! inferno draws a frame only if it is at least `min_width` percent of the
-//! whole (0.01% by default), but it parses, merges and times every frame of
-//! every folded line first. SQLite's profile has ~6,900 paths, 1.5 MB of
-//! folded text, of which the flame graph draws about a thousand frames:
-//! inferno took ~9 ms of the ~30 ms the reports cost at exit.
+//! whole, but it parses, merges and times every frame of every folded line
+//! first; a real program's profile has thousands of paths, of which the
+//! flame graph draws a small part, and inferno's parsing was a large share
+//! of what the reports cost at exit.
 //!
 //! [`drawable`] cuts each path before its first frame that inferno
 //! would not draw (keeping the root, whose weight counts in the total even
@@ -20,7 +20,7 @@
 //! SQLite's).
 //!
 //! The cut lines keep their order but no longer sort (`a;b` after
-//! `a;b;c`), so they are drawn in the order given: by [`super::svg`] from
+//! `a;b;c`), so they are drawn in the order given: by [`crate::svg`] from
 //! their frame numbers, or, for names it leaves to inferno, by inferno as a
 //! flame chart, whose only difference is that it takes the lines in the
 //! order given (reversed) instead of checking that they sort. Keeping the first narrow frame
@@ -28,7 +28,7 @@
 //! from 2.2 times as many lines and frames (QuickJS: 2,362 lines and 36,900
 //! frames against 1,056 and 15,600).
 
-use super::report::{folded_names, folded_weight, Report};
+use crate::{folded_names, folded_weight, Report};
 use std::fmt::Write as _;
 
 /// Frames the two paths share from the root, frames compared by `canon`
@@ -73,7 +73,7 @@ impl Cut<'_> {
     }
 }
 
-/// The folded lines (as [`render_folded`](super::report::render_folded)
+/// The folded lines (as [`render_folded`](crate::render_folded)
 /// writes them, in `r`'s order) cut to what a flame graph with
 /// `min_width` (inferno's option, percent of the total) draws. `r`'s
 /// stacks must be in the order their lines sort (inferno's order).
@@ -155,8 +155,8 @@ pub(crate) fn drawable_lines(r: &Report, min_width: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::report::{flame_options, lines_sorted, order_and_merge, render_folded, render_svg};
-    use crate::profile::report::{test_report, Stacks};
+    use crate::{flame_options, lines_sorted, order_and_merge, render_folded, render_svg};
+    use crate::{test_report, Stacks};
 
     /// inferno on the whole folded stacks, as the reports drew it before.
     fn whole_svg(r: &Report) -> String {
@@ -272,7 +272,7 @@ mod tests {
             let r = random_report(&names, seed * 0x5851_F42D, 2500);
             let cut = drawable(&r, flame_options(&r).min_width);
             let mut ours = Vec::new();
-            assert!(crate::profile::svg::write(&r, &cut, &mut ours).unwrap(), "seed {seed}");
+            assert!(crate::svg::write(&r, &cut, &mut ours).unwrap(), "seed {seed}");
             let ours = String::from_utf8(ours).unwrap();
             same_svg(&ours, &whole_svg(&r), seed);
             drawn += ours.matches("<g>").count();
@@ -294,7 +294,7 @@ mod tests {
                 .iter()
                 .any(|l| l.0.iter().any(|&f| &*r.stacks.names[f as usize] == odd));
             assert!(drawn, "{odd:?}");
-            assert!(!crate::profile::svg::write(&r, &cut, &mut ours).unwrap(), "{odd:?}");
+            assert!(!crate::svg::write(&r, &cut, &mut ours).unwrap(), "{odd:?}");
             assert!(ours.is_empty());
             assert!(render_svg(&r).is_ok(), "{odd:?}");
         }
@@ -315,10 +315,10 @@ mod tests {
                 r.stacks.paths.reverse();
             }
             let folded = render_folded(&r);
-            let written = crate::profile::report::write_all(&r, &dir).unwrap();
+            let written = crate::write_all(&r, &dir).unwrap();
             let read = |ext: &str| std::fs::read_to_string(dir.join(format!("fastinst-profile.1.{ext}"))).unwrap();
-            assert_eq!(written.len(), 4, "seed {seed}");
-            assert_eq!(read("txt"), crate::profile::report::render_text(&r), "seed {seed}");
+            assert_eq!(written.files.len(), 4, "seed {seed}");
+            assert_eq!(read("txt"), crate::render_text(&r), "seed {seed}");
             assert_eq!(read("folded"), folded, "seed {seed}");
             same_svg(&read("svg"), &render_svg(&r).unwrap(), seed);
             same_svg(&read("svg"), &whole_svg(&r), seed);

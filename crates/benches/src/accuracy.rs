@@ -1,0 +1,666 @@
+//! The accuracy harness (`fastinst-accuracy`): the latency profiler's
+//! numbers against exact references, on real programs.
+//!
+//! For each program and build it runs, on the same workload:
+//! - the plain build under `perf record -e cpu-clock` (when perf is
+//!   installed): every symbol's share of the CPU samples, the reference
+//!   for self time;
+//! - the plain build alone, and the instrumented build with every probe off
+//!   (`FASTINST_TOOL=off`): the latter's wall time is the reference for
+//!   `main`'s inclusive time (the profiler cannot take off what compiling
+//!   the hooks in costs);
+//! - the instrumented build under `FASTINST_TOOL=count`: every function's
+//!   exact calls;
+//! - under `FASTINST_TOOL=trace`: every call timed, the reference for
+//!   latency percentiles and thread bodies' inclusive time;
+//! - under the profiler (the default tool), `runs` times.
+//!
+//! and compares, per function, against the targets:
+//! - calls within ±15% of exact, for every function with at least 1% of
+//!   all calls;
+//! - self share within ±2 points of perf's, for every function above 2%;
+//! - inclusive time of `main` within ±5% of the probes-off run, and of thread
+//!   bodies within ±5% of the trace's;
+//! - p50 and p99 within ±10% of the trace's, for functions whose traced
+//!   p50 is at least 1 µs.
+
+use crate::error::{EvalError, Result};
+use crate::measure::run_once;
+use crate::programs::{Binary, Program};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The targets.
+pub const CALLS_TOLERANCE: f64 = 0.15;
+/// Share of all calls from which a function's calls are checked.
+pub const CALLS_FLOOR: f64 = 0.01;
+/// Self share tolerance, percentage points.
+pub const SELF_TOLERANCE_PP: f64 = 2.0;
+/// Share (percent) from which a function's self share is checked.
+pub const SELF_FLOOR_PCT: f64 = 2.0;
+/// Inclusive time tolerance of top-level functions.
+pub const INCLUSIVE_TOLERANCE: f64 = 0.05;
+/// Percentile tolerance.
+pub const PERCENTILE_TOLERANCE: f64 = 0.10;
+/// Traced p50 (microseconds) from which percentiles are checked.
+pub const PERCENTILE_FLOOR_US: f64 = 1.0;
+/// Calls (traced) from which percentiles are checked: fewer make no
+/// distribution whose p99 means anything.
+pub const PERCENTILE_MIN_CALLS: u64 = 20;
+
+/// What one configuration (program, build) measured.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct Config {
+    /// Program name.
+    pub program: String,
+    /// Build name (`gcc`, `clang`, `gcc-sled`, `clang-sled`).
+    pub build: String,
+    /// Profiler runs compared.
+    pub runs: usize,
+    /// Calls: per checked function, estimated over exact, each run.
+    pub calls: Vec<CallCheck>,
+    /// Self shares: per checked function, the profile's and perf's.
+    pub shares: Vec<ShareCheck>,
+    /// Inclusive times of the top-level functions.
+    pub inclusive: Vec<InclusiveCheck>,
+    /// Percentiles of functions of at least 1 µs.
+    pub percentiles: Vec<PercentileCheck>,
+    /// Wall time (s): plain build, instrumented with the profiler (mean).
+    pub plain_s: f64,
+    /// The instrumented build's wall time with every probe off.
+    #[serde(default)]
+    pub off_s: f64,
+    /// Profiled run's wall time (mean over runs).
+    pub profile_s: f64,
+}
+
+/// One function's calls.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct CallCheck {
+    /// Function.
+    pub name: String,
+    /// Exact calls (count tool).
+    pub exact: u64,
+    /// Estimated calls, per run.
+    pub estimated: Vec<f64>,
+    /// The profile's stated standard deviation, per run.
+    pub sd: Vec<f64>,
+}
+
+/// One function's self share.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ShareCheck {
+    /// Function.
+    pub name: String,
+    /// perf's share of the plain build's samples (percent).
+    pub perf: f64,
+    /// The profile's share, per run (percent).
+    pub profile: Vec<f64>,
+}
+
+/// One top-level function's inclusive time.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct InclusiveCheck {
+    /// Function.
+    pub name: String,
+    /// The reference (ms): the plain run's wall time for `main`, the
+    /// trace's inclusive time for a thread body.
+    pub reference_ms: f64,
+    /// What the reference is.
+    pub reference: String,
+    /// The profile's inclusive time, per run (ms).
+    pub profile_ms: Vec<f64>,
+}
+
+/// One function's percentiles.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct PercentileCheck {
+    /// Function.
+    pub name: String,
+    /// The trace's p50 and p99 (us).
+    pub trace: (f64, f64),
+    /// The profile's, per run.
+    pub profile: Vec<(f64, f64)>,
+    /// Timed samples behind the profile's, per run.
+    pub samples: Vec<u64>,
+}
+
+/// A pass count: `ok` of `of`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    /// Within the target.
+    pub ok: usize,
+    /// Checked.
+    pub of: usize,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.ok, self.of)
+    }
+}
+
+impl Config {
+    /// Calls within target, over every (function, run).
+    pub fn calls_tally(&self) -> Tally {
+        tally(self.calls.iter().flat_map(|c| {
+            c.estimated
+                .iter()
+                .map(move |&e| ratio_ok(e, c.exact as f64, CALLS_TOLERANCE))
+        }))
+    }
+
+    /// Self shares within target.
+    pub fn shares_tally(&self) -> Tally {
+        tally(
+            self.shares
+                .iter()
+                .flat_map(|s| s.profile.iter().map(move |&x| (x - s.perf).abs() <= SELF_TOLERANCE_PP)),
+        )
+    }
+
+    /// Inclusive times within target.
+    pub fn inclusive_tally(&self) -> Tally {
+        tally(self.inclusive.iter().flat_map(|i| {
+            i.profile_ms
+                .iter()
+                .map(move |&x| ratio_ok(x, i.reference_ms, INCLUSIVE_TOLERANCE))
+        }))
+    }
+
+    /// p50s and p99s within target (each counted).
+    pub fn percentiles_tally(&self) -> Tally {
+        tally(self.percentiles.iter().flat_map(|p| {
+            p.profile.iter().flat_map(move |&(a, b)| {
+                [
+                    ratio_ok(a, p.trace.0, PERCENTILE_TOLERANCE),
+                    ratio_ok(b, p.trace.1, PERCENTILE_TOLERANCE),
+                ]
+            })
+        }))
+    }
+
+    /// The geometric mean of estimated over exact calls.
+    pub fn calls_geomean(&self) -> f64 {
+        let v: Vec<f64> = self
+            .calls
+            .iter()
+            .flat_map(|c| c.estimated.iter().map(move |&e| (e / c.exact.max(1) as f64).max(1e-9)))
+            .collect();
+        crate::measure::geomean(&v)
+    }
+
+    /// The largest self-share difference (points).
+    pub fn worst_share_pp(&self) -> f64 {
+        self.shares
+            .iter()
+            .flat_map(|s| s.profile.iter().map(move |&x| (x - s.perf).abs()))
+            .fold(0.0, f64::max)
+    }
+}
+
+fn ratio_ok(est: f64, exact: f64, tol: f64) -> bool {
+    exact > 0.0 && (est / exact - 1.0).abs() <= tol
+}
+
+fn tally(it: impl Iterator<Item = bool>) -> Tally {
+    let mut t = Tally::default();
+    for ok in it {
+        t.of += 1;
+        t.ok += usize::from(ok);
+    }
+    t
+}
+
+/// How to run.
+pub struct Options {
+    /// `libfastinst.so`.
+    pub lib: PathBuf,
+    /// Scratch.
+    pub work: PathBuf,
+    /// Profiler runs per configuration.
+    pub runs: usize,
+    /// Extra environment for the profiler runs.
+    pub profile_env: Vec<(String, String)>,
+}
+
+/// Measures one configuration.
+pub fn measure(
+    opts: &Options,
+    plain: &Binary,
+    inst: &Binary,
+    args: &[String],
+    perf: Option<&BTreeMap<String, f64>>,
+) -> Result<Config> {
+    let dir = opts
+        .work
+        .join("accuracy")
+        .join(format!("{}-{}", inst.program.name(), inst.compiler.name()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(EvalError::io(&dir))?;
+    let plain_run = run_once(&plain.path, args, &[], &dir.join("plain.out"))?;
+    let tool = |name: &str, sub: &str| -> Result<(PathBuf, f64)> {
+        let out = dir.join(sub);
+        std::fs::create_dir_all(&out).map_err(EvalError::io(&out))?;
+        let mut env = vec![
+            ("LD_PRELOAD".to_string(), opts.lib.display().to_string()),
+            ("FASTINST_TOOL".to_string(), name.to_string()),
+            ("FASTINST_OUT".to_string(), out.display().to_string()),
+        ];
+        if name == "profile" {
+            env.extend(opts.profile_env.iter().cloned());
+        }
+        let r = run_once(&inst.path, args, &env, &out.join("stdout"))?;
+        if r.code != Some(0) {
+            return Err(EvalError::Tool(format!(
+                "{} under {name}: exit {:?}: {}",
+                inst.path.display(),
+                r.code,
+                r.stderr
+            )));
+        }
+        if r.stdout_hash != plain_run.stdout_hash {
+            return Err(EvalError::Tool(format!(
+                "{} under {name}: output differs from the plain build's",
+                inst.path.display()
+            )));
+        }
+        Ok((out, r.wall_s))
+    };
+    let (_, off_s) = tool("off", "off")?;
+    let (count_dir, _) = tool("count", "count")?;
+    let exact = read_counts(&count_dir)?;
+    let (trace_dir, _) = tool("trace", "trace")?;
+    let trace = read_report(&trace_dir, "fastinst-trace")?;
+    let mut profiles = Vec::new();
+    let mut walls = Vec::new();
+    for i in 0..opts.runs.max(1) {
+        let (d, wall) = tool("profile", &format!("profile-{i}"))?;
+        profiles.push(read_report(&d, "fastinst-profile")?);
+        walls.push(wall);
+    }
+    Ok(compare(
+        inst.program,
+        inst.compiler.name(),
+        &exact,
+        &trace,
+        &profiles,
+        perf,
+        plain_run.wall_s,
+        off_s,
+        walls.iter().sum::<f64>() / walls.len() as f64,
+    ))
+}
+
+/// Compares profiles against the references.
+#[allow(clippy::too_many_arguments)]
+pub fn compare(
+    program: Program,
+    build: &str,
+    exact: &BTreeMap<String, u64>,
+    trace: &fastinst::profile::report::Report,
+    profiles: &[fastinst::profile::report::Report],
+    perf: Option<&BTreeMap<String, f64>>,
+    plain_s: f64,
+    off_s: f64,
+    profile_s: f64,
+) -> Config {
+    // Static functions of one name in several files (zstd's inline
+    // helpers) are one row each; the count tool's file is summed by name,
+    // so the profile's rows are too (independent estimates: their
+    // variances add).
+    let by_name = |r: &fastinst::profile::report::Report| -> BTreeMap<String, fastinst::profile::report::FunctionRow> {
+        let mut m: BTreeMap<String, fastinst::profile::report::FunctionRow> = BTreeMap::new();
+        for f in &r.functions {
+            match m.get_mut(&f.name) {
+                Some(g) => {
+                    g.calls_estimated += f.calls_estimated;
+                    g.calls_sd = g.calls_sd.hypot(f.calls_sd);
+                    g.calls_exact &= f.calls_exact;
+                    g.cpu_samples += f.cpu_samples;
+                    g.self_share = match (g.self_share, f.self_share) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        (a, b) => a.or(b),
+                    };
+                }
+                None => {
+                    m.insert(f.name.clone(), f.clone());
+                }
+            }
+        }
+        m
+    };
+    let runs: Vec<_> = profiles.iter().map(by_name).collect();
+    let total: u64 = exact.values().sum();
+    let mut calls: Vec<CallCheck> = exact
+        .iter()
+        .filter(|(_, &c)| total > 0 && c as f64 >= CALLS_FLOOR * total as f64)
+        .map(|(n, &c)| CallCheck {
+            name: n.clone(),
+            exact: c,
+            estimated: runs
+                .iter()
+                .map(|r| r.get(n).map_or(0.0, |f| f.calls_estimated))
+                .collect(),
+            sd: runs.iter().map(|r| r.get(n).map_or(0.0, |f| f.calls_sd)).collect(),
+        })
+        .collect();
+    calls.sort_by_key(|c| std::cmp::Reverse(c.exact));
+
+    let mut shares = Vec::new();
+    if let Some(perf) = perf {
+        // The profile's shares by name: instrumented functions and the
+        // rest of the program's samples, by symbol.
+        let share_maps: Vec<BTreeMap<String, f64>> = profiles
+            .iter()
+            .map(|r| {
+                let mut m: BTreeMap<String, f64> = BTreeMap::new();
+                for f in &r.functions {
+                    *m.entry(base_name(&f.name)).or_default() += f.self_share.unwrap_or(0.0);
+                }
+                if let Some(cpu) = &r.cpu {
+                    for o in &cpu.other {
+                        *m.entry(base_name(&o.name)).or_default() += o.share;
+                    }
+                }
+                m
+            })
+            .collect();
+        for (name, &pct) in perf {
+            if pct < SELF_FLOOR_PCT {
+                continue;
+            }
+            shares.push(ShareCheck {
+                name: name.clone(),
+                perf: pct,
+                profile: share_maps.iter().map(|m| m.get(name).copied().unwrap_or(0.0)).collect(),
+            });
+        }
+        shares.sort_by(|a, b| b.perf.total_cmp(&a.perf));
+    }
+
+    let trace_rows = by_name(trace);
+    let mut inclusive = Vec::new();
+    if trace_rows.contains_key("main") {
+        inclusive.push(InclusiveCheck {
+            name: "main".into(),
+            reference_ms: off_s * 1e3,
+            reference: "the build's run with every probe off".into(),
+            profile_ms: runs.iter().map(|r| r.get("main").map_or(0.0, |f| f.total_ms)).collect(),
+        });
+    }
+    // Thread bodies: functions the trace saw called from outside any
+    // instrumented function, other than main, on threads of their own.
+    for e in trace
+        .edges
+        .iter()
+        .filter(|e| e.caller.starts_with('[') && e.callee != "main")
+    {
+        let Some(t) = trace_rows.get(&e.callee) else { continue };
+        if t.threads.len() < 2 && !t.threads.iter().any(|&tid| tid != trace.pid as i32) {
+            continue;
+        }
+        if inclusive.iter().any(|i: &InclusiveCheck| i.name == e.callee) {
+            continue;
+        }
+        inclusive.push(InclusiveCheck {
+            name: e.callee.clone(),
+            reference_ms: t.total_ms,
+            reference: "trace's inclusive time".into(),
+            profile_ms: runs
+                .iter()
+                .map(|r| r.get(&e.callee).map_or(0.0, |f| f.total_ms))
+                .collect(),
+        });
+    }
+
+    let mut percentiles: Vec<PercentileCheck> = trace
+        .functions
+        .iter()
+        .filter(|t| t.p50_us >= PERCENTILE_FLOOR_US && t.calls_sampled >= PERCENTILE_MIN_CALLS)
+        .map(|t| PercentileCheck {
+            name: t.name.clone(),
+            trace: (t.p50_us, t.p99_us),
+            profile: runs
+                .iter()
+                .map(|r| r.get(&t.name).map_or((0.0, 0.0), |f| (f.p50_us, f.p99_us)))
+                .collect(),
+            samples: runs
+                .iter()
+                .map(|r| r.get(&t.name).map_or(0, |f| f.calls_sampled))
+                .collect(),
+        })
+        .collect();
+    percentiles.sort_by(|a, b| b.trace.0.total_cmp(&a.trace.0));
+
+    Config {
+        program: program.name().into(),
+        build: build.into(),
+        runs: profiles.len(),
+        calls,
+        shares,
+        inclusive,
+        percentiles,
+        plain_s,
+        off_s,
+        profile_s,
+    }
+}
+
+/// A name without the compiler's clone suffixes (`.constprop.0`,
+/// `.isra.0`, `.part.0`, `.cold`), which perf and the profile may give a
+/// function differently.
+pub fn base_name(n: &str) -> String {
+    n.split('.').next().unwrap_or(n).to_string()
+}
+
+/// The count tool's exact calls, by function.
+pub fn read_counts(dir: &Path) -> Result<BTreeMap<String, u64>> {
+    let file = find(dir, "fastinst-count.", ".txt")?;
+    let text = std::fs::read_to_string(&file).map_err(EvalError::io(&file))?;
+    let mut m = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut it = line.split('\t');
+        let (Some(c), Some(n)) = (it.next(), it.next()) else {
+            continue;
+        };
+        if let Ok(c) = c.trim().parse::<u64>() {
+            *m.entry(n.to_string()).or_default() += c;
+        }
+    }
+    Ok(m)
+}
+
+/// A report (JSON) written under `dir` with file name prefix `prefix`.
+pub fn read_report(dir: &Path, prefix: &str) -> Result<fastinst::profile::report::Report> {
+    let file = find(dir, &format!("{prefix}."), ".json")?;
+    crate::read_json(&file, prefix)
+}
+
+fn find(dir: &Path, prefix: &str, suffix: &str) -> Result<PathBuf> {
+    let rd = std::fs::read_dir(dir).map_err(EvalError::io(dir))?;
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+        })
+        .ok_or_else(|| EvalError::Tool(format!("no {prefix}*{suffix} in {}", dir.display())))
+}
+
+/// Whether perf can record here.
+pub fn perf_available() -> bool {
+    Command::new("perf")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// perf's self shares (percent of samples, by symbol, clone suffixes
+/// merged) of a run of `bin args`, recorded with `cpu-clock`.
+pub fn perf_shares(work: &Path, bin: &Path, args: &[String]) -> Result<BTreeMap<String, f64>> {
+    let data = work.join(format!(
+        "{}.perf.data",
+        bin.file_name().and_then(|n| n.to_str()).unwrap_or("run")
+    ));
+    let rec = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(bin)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| EvalError::Tool(format!("perf record: {e}")))?;
+    if !rec.success() {
+        return Err(EvalError::Tool(format!("perf record of {} failed", bin.display())));
+    }
+    let out = Command::new("perf")
+        .args(["report", "--stdio", "--no-children", "--sort", "sym", "-q", "-i"])
+        .arg(&data)
+        .output()
+        .map_err(|e| EvalError::Tool(format!("perf report: {e}")))?;
+    Ok(parse_perf_report(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Parses `perf report --stdio --sort sym -q` lines (`  95.53%  [.] compress`);
+/// kernel symbols (`[k]`) are left out, as they are from the profile.
+pub fn parse_perf_report(text: &str) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    let mut kernel = 0.0;
+    for line in text.lines() {
+        let line = line.trim();
+        let Some((pct, rest)) = line.split_once('%') else {
+            continue;
+        };
+        let Ok(pct) = pct.trim().parse::<f64>() else { continue };
+        let rest = rest.trim();
+        if let Some(sym) = rest.strip_prefix("[.]") {
+            *m.entry(base_name(sym.trim())).or_default() += pct;
+        } else if rest.starts_with("[k]") {
+            kernel += pct;
+        }
+    }
+    // Shares of the user-space samples, as the profile's are of the
+    // program's (its handler runs in user space).
+    let user = 100.0 - kernel;
+    if user > 0.0 {
+        for v in m.values_mut() {
+            *v *= 100.0 / user;
+        }
+    }
+    m
+}
+
+/// The Markdown summary of `configs`.
+pub fn render_markdown(configs: &[Config], header: &str) -> String {
+    let mut s = String::new();
+    s.push_str(header);
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | p50/p99 ±10% | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for c in configs {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            c.program,
+            c.build,
+            c.calls_tally(),
+            c.calls_geomean(),
+            c.shares_tally(),
+            c.worst_share_pp(),
+            c.inclusive_tally(),
+            c.percentiles_tally(),
+            c.plain_s,
+            c.off_s,
+            c.profile_s
+        ));
+    }
+    s
+}
+
+/// The per-function detail of one configuration, as Markdown.
+pub fn render_detail(c: &Config) -> String {
+    let mut s = format!(
+        "\n### {} {}\n\ncalls (estimated / exact, each run; stated sd):\n\n",
+        c.program, c.build
+    );
+    for k in &c.calls {
+        let ratios: Vec<String> = k
+            .estimated
+            .iter()
+            .map(|e| format!("{:.2}", e / k.exact.max(1) as f64))
+            .collect();
+        let sd: Vec<String> =
+            k.sd.iter()
+                .map(|e| format!("{:.2}", e / k.exact.max(1) as f64))
+                .collect();
+        s.push_str(&format!(
+            "- {} ({}): {} (sd {})\n",
+            k.name,
+            k.exact,
+            ratios.join(" "),
+            sd.join(" ")
+        ));
+    }
+    if !c.shares.is_empty() {
+        s.push_str("\nself share (profile vs perf, percent):\n\n");
+        for k in &c.shares {
+            let v: Vec<String> = k.profile.iter().map(|x| format!("{x:.1}")).collect();
+            s.push_str(&format!("- {}: {} vs {:.1}\n", k.name, v.join(" "), k.perf));
+        }
+    }
+    s.push_str("\ninclusive (ms):\n\n");
+    for k in &c.inclusive {
+        let v: Vec<String> = k.profile_ms.iter().map(|x| format!("{x:.1}")).collect();
+        s.push_str(&format!(
+            "- {}: {} vs {:.1} ({})\n",
+            k.name,
+            v.join(" "),
+            k.reference_ms,
+            k.reference
+        ));
+    }
+    s.push_str("\npercentiles (us; profile p50/p99 vs trace):\n\n");
+    for k in &c.percentiles {
+        let v: Vec<String> = k.profile.iter().map(|(a, b)| format!("{a:.2}/{b:.2}")).collect();
+        s.push_str(&format!(
+            "- {}: {} vs {:.2}/{:.2} ({} samples)\n",
+            k.name,
+            v.join(" "),
+            k.trace.0,
+            k.trace.1,
+            k.samples.first().copied().unwrap_or(0)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_lines_parse_into_user_shares() {
+        let text = "    50.00%  [.] compress\n    25.00%  [.] render.constprop.0\n    25.00%  [k] finish_task_switch\n";
+        let m = parse_perf_report(text);
+        assert!((m["compress"] - 66.666).abs() < 0.01, "{m:?}");
+        assert!((m["render"] - 33.333).abs() < 0.01, "{m:?}");
+        assert!(!m.contains_key("finish_task_switch"));
+    }
+
+    #[test]
+    fn tallies_count_each_run() {
+        let c = Config {
+            calls: vec![CallCheck {
+                name: "f".into(),
+                exact: 100,
+                estimated: vec![90.0, 120.0],
+                sd: vec![0.0, 0.0],
+            }],
+            ..Config::default()
+        };
+        assert_eq!(c.calls_tally(), Tally { ok: 1, of: 2 });
+    }
+}

@@ -1,0 +1,323 @@
+//! Self time from CPU samples: where the program counter is, every
+//! half millisecond of each thread's CPU time.
+//!
+//! Self time cannot be read off sampled calls: a function's calls are
+//! sampled a few per epoch, its callees' time must be taken off each one,
+//! and the hooks that time them cost more than a short function takes.
+//! Each thread that runs a hook gets a `cpu-clock` software event of its
+//! own (`perf_event_open`, user space only, which an unprivileged process
+//! may open on itself), the event `perf record` samples an uninstrumented
+//! build with: every [`PERIOD_NS`] of the thread's CPU time the kernel
+//! sends the thread `SIGTRAP` (the event's `sigtrap` mode), whose handler
+//! notes the interrupted program counter, and whether a
+//! hook's handler was running. At the report, each counter is charged to
+//! the function holding it (an instrumented function's extent, or the
+//! symbol found by `dladdr`); samples inside a handler, or in fastinst's
+//! own library, are the profiler's own time and are left out of every
+//! share.
+//!
+//! Where events cannot be opened (a container's seccomp filter, a kernel
+//! before 5.13), a timer on the process's CPU time (`ITIMER_PROF`,
+//! `SIGPROF`) takes its place: as unbiased,
+//! but the kernel checks it at its scheduler tick, a few hundred samples a
+//! second in all, too few to tell a short run's shares within a point or
+//! two.
+//!
+//! The handler is async-signal-safe and allocates nothing: one atomic add
+//! and one store into a buffer made at start ([`CAPACITY`] samples; past
+//! it samples are counted, not kept, and the report says so). Its cost, a
+//! signal a sample (microseconds in a virtual machine), sets the period. A
+//! program that handles the signal itself (`gprof`'s runtime handles
+//! `SIGPROF`) keeps its handler, and the report has no CPU samples.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// Marks a sample taken while a hook's handler ran (user addresses are
+/// below 2^47).
+pub const IN_HOOK: u64 = 1 << 63;
+
+/// Samples kept.
+pub const CAPACITY: usize = 1 << 22;
+
+/// The sampling period of a thread's event (nanoseconds of its CPU time):
+/// 2,000 samples a CPU second, a share's standard deviation under a point
+/// in a one-second run, for a signal per sample.
+pub const PERIOD_NS: u64 = 500_000;
+
+/// The interval of the process timer used without events (microseconds
+/// of CPU time); prime, so that it keeps no step with a periodic program.
+pub const INTERVAL_US: i64 = 997;
+
+/// How samples are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    /// Not taken.
+    Off = 0,
+    /// A `cpu-clock` event per thread.
+    Events = 1,
+    /// The process's `ITIMER_PROF`.
+    Timer = 2,
+}
+
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// How samples are being taken.
+pub fn mode() -> Mode {
+    match MODE.load(Ordering::Relaxed) {
+        1 => Mode::Events,
+        2 => Mode::Timer,
+        _ => Mode::Off,
+    }
+}
+
+/// The sampling interval in microseconds of CPU time.
+pub fn interval_us() -> f64 {
+    match mode() {
+        Mode::Events => PERIOD_NS as f64 / 1e3,
+        _ => INTERVAL_US as f64,
+    }
+}
+
+static BUF: AtomicUsize = AtomicUsize::new(0);
+static NEXT: AtomicU64 = AtomicU64::new(0);
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Starts sampling (once per process; again in a forked child, whose
+/// timers were reset). Whether the samples are being taken.
+pub(crate) fn start() -> bool {
+    if BUF.load(Ordering::Acquire) == 0 {
+        let buf: &'static mut [AtomicU64] = Vec::from_iter((0..CAPACITY).map(|_| AtomicU64::new(0))).leak();
+        BUF.store(buf.as_ptr() as usize, Ordering::Release);
+    }
+    // Events (SIGTRAP) first, the process timer (SIGPROF) where there are
+    // none; the handler is installed before the event opens.
+    if install(libc::SIGTRAP) {
+        ON.store(true, Ordering::Release);
+        MODE.store(Mode::Events as u8, Ordering::Release);
+        if open_event() {
+            return true;
+        }
+        MODE.store(Mode::Off as u8, Ordering::Release);
+        ON.store(false, Ordering::Release);
+    }
+    if !install(libc::SIGPROF) {
+        return false;
+    }
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: INTERVAL_US,
+    };
+    let it = libc::itimerval {
+        it_interval: tv,
+        it_value: tv,
+    };
+    ON.store(true, Ordering::Release);
+    MODE.store(Mode::Timer as u8, Ordering::Release);
+    // SAFETY: setitimer reads `it`.
+    let ok = unsafe { libc::setitimer(libc::ITIMER_PROF, &it, std::ptr::null_mut()) } == 0;
+    if !ok {
+        MODE.store(Mode::Off as u8, Ordering::Release);
+        ON.store(false, Ordering::Release);
+    }
+    ok
+}
+
+/// Installs the sampling handler for `sig`, unless the program handles it;
+/// whether it is installed.
+fn install(sig: libc::c_int) -> bool {
+    // SAFETY: reads the current disposition into a zeroed struct.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only queries.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+        return false;
+    }
+    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_sample as *const () as usize {
+        crate::log::warn(format_args!(
+            "profile: the program handles signal {sig}; no CPU samples from it"
+        ));
+        return false;
+    }
+    // SAFETY: installs a handler that is async-signal-safe (see
+    // `on_sample`), with SA_RESTART so that no system call of the program
+    // fails with EINTR for it.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sample as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
+    }
+}
+
+/// A thread's first hook: its own event, when samples are taken by events.
+pub(crate) fn thread_start() {
+    if ON.load(Ordering::Acquire) && mode() == Mode::Events {
+        open_event();
+    }
+}
+
+/// `perf_event_attr` (its first 128 bytes, the size of version 7).
+#[repr(C)]
+struct PerfAttr([u64; 16]);
+
+const PERF_TYPE_SOFTWARE: u64 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const PERF_SAMPLE_IP: u64 = 1;
+/// `exclude_kernel`, `exclude_hv`, `remove_on_exec`, `sigtrap`: the
+/// kernel sends the thread `SIGTRAP` itself at every overflow.
+const FLAGS: u64 = 1 << 5 | 1 << 6 | 1 << 36 | 1 << 37;
+/// `si_code` of an event's `SIGTRAP`.
+const TRAP_PERF: i32 = 6;
+const PERF_FLAG_FD_CLOEXEC: usize = 8;
+
+/// Opens a `cpu-clock` event on the calling thread that sends it
+/// `SIGTRAP` every [`PERIOD_NS`] of its CPU time; whether it did. The
+/// descriptor stays open for the thread's life (its event with it).
+fn open_event() -> bool {
+    if OPENED.with(|o| o.replace(true)) {
+        return true;
+    }
+    let mut attr = PerfAttr([0; 16]);
+    attr.0[0] = PERF_TYPE_SOFTWARE | (128u64 << 32);
+    attr.0[1] = PERF_COUNT_SW_CPU_CLOCK;
+    attr.0[2] = PERIOD_NS;
+    attr.0[3] = PERF_SAMPLE_IP;
+    attr.0[5] = FLAGS;
+    // SAFETY: perf_event_open reads `attr` (128 bytes); pid 0 is this
+    // thread, cpu -1 any, no group.
+    let fd = unsafe {
+        crate::rawthread::syscall5(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfAttr as usize,
+            0,
+            usize::MAX,
+            usize::MAX,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        OPENED.with(|o| o.set(false));
+    }
+    fd >= 0
+}
+
+thread_local! {
+    /// This thread has its event (one a thread: two would double its
+    /// samples).
+    static OPENED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Forgets this thread's event (a forked child's thread has none).
+fn forget_event() {
+    OPENED.with(|o| o.set(false));
+}
+
+/// Stops sampling (the report is being made).
+pub(crate) fn stop() {
+    if ON.swap(false, Ordering::AcqRel) && mode() == Mode::Timer {
+        let zero = libc::itimerval {
+            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+            it_value: libc::timeval { tv_sec: 0, tv_usec: 0 },
+        };
+        // SAFETY: setitimer reads `zero`.
+        unsafe { libc::setitimer(libc::ITIMER_PROF, &zero, std::ptr::null_mut()) };
+    }
+}
+
+/// Forgets the samples (a forked child profiles its own time).
+pub(crate) fn reset() {
+    NEXT.store(0, Ordering::Release);
+    forget_event();
+}
+
+extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // Async-signal-safe: reads the interrupted context, one atomic add, one
+    // atomic store; no system call, no allocation, no lock.
+    if ctx.is_null() || info.is_null() || !ON.load(Ordering::Relaxed) {
+        // Stopped: an event stays disabled once it has fired.
+        return;
+    }
+    // SAFETY: the kernel passes a siginfo_t.
+    let (signo, code) = unsafe { ((*info).si_signo, (*info).si_code) };
+    if signo == libc::SIGTRAP && code != TRAP_PERF {
+        // Not ours (a breakpoint): nothing to note.
+        return;
+    }
+    // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.
+    let pc = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
+    let pc = pc & !IN_HOOK | if crate::tls::guard_get() { IN_HOOK } else { 0 };
+    let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
+    let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
+    if i < CAPACITY && !buf.is_null() {
+        // SAFETY: `buf` holds CAPACITY slots for the life of the process.
+        unsafe { (*buf.add(i)).store(pc, Ordering::Relaxed) };
+    }
+}
+
+/// The samples: the program counters kept (with [`IN_HOOK`] on those
+/// taken in a handler), and how many were taken in all.
+pub(crate) fn samples() -> (Vec<u64>, u64) {
+    let n = NEXT.load(Ordering::Acquire);
+    let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
+    if buf.is_null() {
+        return (Vec::new(), 0);
+    }
+    let kept = (n as usize).min(CAPACITY);
+    // SAFETY: as in the handler; slots below `kept` were written (or are
+    // being: a zero is skipped).
+    let v = (0..kept)
+        .map(|i| unsafe { (*buf.add(i)).load(Ordering::Relaxed) })
+        .filter(|&pc| pc != 0)
+        .collect();
+    (v, n)
+}
+
+/// The address range of fastinst's own code when it is a library of its
+/// own (`libfastinst.so`), for leaving the profiler's time out; empty when
+/// it is linked into the program (its functions then show by name).
+pub(crate) fn own_library() -> (u64, u64) {
+    static RANGE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *RANGE.get_or_init(|| {
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr reads the address and fills `info`.
+        if unsafe { libc::dladdr(own_library as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+            return (0, 0);
+        }
+        // SAFETY: dladdr returned a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned();
+        if !name.ends_with(".so") && !name.contains(".so.") {
+            return (0, 0);
+        }
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let (mut lo, mut hi) = (u64::MAX, 0);
+        for line in maps.lines().filter(|l| l.ends_with(name.as_str())) {
+            let Some((a, b)) = line.split_whitespace().next().and_then(|r| r.split_once('-')) else {
+                continue;
+            };
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                lo = lo.min(a);
+                hi = hi.max(b);
+            }
+        }
+        if lo < hi {
+            (lo, hi)
+        } else {
+            (0, 0)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linked_into_a_program_fastinst_is_no_library_of_its_own() {
+        // The test binary links fastinst in: its functions are charged by
+        // name, not dropped with the whole program.
+        assert_eq!(own_library(), (0, 0));
+    }
+}

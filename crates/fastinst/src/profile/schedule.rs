@@ -1,0 +1,419 @@
+//! The counting windows of a counting epoch.
+//!
+//! At the epoch's start every windowed function
+//! ([`super::window::Kind::Windowed`]) is given
+//! [`Settings::windows`](super::Settings::windows) windows, more if it is
+//! bursty (its windows hold few calls on average: up to [`MORE_MAX`] times
+//! as many), each at a time drawn uniformly over the epoch, so that every
+//! part of the epoch is as likely to be counted as any other. A window is
+//! long enough to hold about [`TARGET`] calls at the function's busiest
+//! recent rate, between one wake-up of the sampler and [`MAX_WINDOW_US`].
+//!
+//! The sampler opens and closes every window itself, at its wake-ups
+//! (about every [`WAKE_US`], each interval drawn from half to one and a
+//! half times it, so that they keep no step with the program): a window
+//! opens at the first wake-up past its time, if the windows open leave
+//! room for it under a [`DENSITY`] of counted calls per tick of exposure (a
+//! function busier than that alone is open alone), and closes at the first
+//! wake-up past its length. So a window is a stretch of time that nothing
+//! in the program decides: not a call of its function (a window closed
+//! after its K-th call reads a rate measured up to a call, biased high for
+//! a function called in bursts), nor of another (one opened when the last
+//! closed starts on the last one's call, tied to the program's phases:
+//! SQLite's sort comparisons read 0.1 of their count so). Its probe goes
+//! on just before it opens and off just after it closes; a counting
+//! handler counts a call while the window is open.
+//!
+//! The exposure clock is read when windows open and when they close, by
+//! the sampler (`super::exposure`). Every hook times itself, so a window's
+//! exposure has its counting hooks' time taken off, to within the few
+//! ticks a hook's stamps cannot see; that error weighs in proportion to
+//! the counted calls per tick in the window: hence [`DENSITY`]. (Counting
+//! hooks that did not time themselves, at a third of the cost, had their
+//! cost calibrated in a loop, which missed what they cost in a real
+//! program: interpreters' busiest functions read well under their calls;
+//! see `crates/benches/results/accuracy.md`.)
+
+use super::exposure::{Exposure, Reading};
+use super::window::Kind;
+use super::{on_entry, Profiler};
+use crate::registry;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use wordpatch::tsc;
+
+/// The sampler's mean interval between wake-ups in a counting epoch
+/// (microseconds).
+pub const WAKE_US: u64 = 150;
+
+/// Counted calls per tick of exposure that the windows open at one time
+/// may hold together.
+pub const DENSITY: f64 = 1.0 / 100.0;
+
+/// Calls a window aims to hold.
+pub const TARGET: f64 = 16.0;
+
+/// Longest window (microseconds).
+pub const MAX_WINDOW_US: f64 = 1_000.0;
+
+/// Most windows planned in one epoch (the buffers are made once: the
+/// sampler allocates nothing; each window costs it two toggles).
+pub const MAX_PER_EPOCH: usize = 2048;
+/// Most windows open at once.
+pub const MAX_OPEN: usize = 4096;
+/// Most windowed functions.
+pub const MAX_WINDOWED: usize = 65_536;
+
+/// How many times its share of windows a bursty function may get.
+pub const MORE_MAX: f64 = 4.0;
+
+/// A queue entry already opened.
+const TAKEN: u32 = u32::MAX;
+
+/// The schedule.
+pub(crate) struct Schedule {
+    lock: AtomicBool,
+    inner: UnsafeCell<Inner>,
+}
+
+// SAFETY: `inner` is touched only by the holder of `lock`.
+unsafe impl Sync for Schedule {}
+// SAFETY: as above.
+unsafe impl Send for Schedule {}
+
+/// An open window.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Win {
+    pub fi: u32,
+    /// Its function's rate when planned (calls per tick of exposure).
+    pub rate: f64,
+    /// When it may close (wall TSC).
+    pub until: u64,
+    /// The exposure clock when it opened.
+    pub start: Reading,
+}
+
+pub(crate) struct Inner {
+    /// The epoch the windows are for, and whether it counts.
+    pub epoch: u32,
+    pub counting: bool,
+    /// The raw sampler planned it (word patches are not made from it).
+    pub raw: bool,
+    /// The exposure clock.
+    pub exposure: Exposure,
+    /// The exposure when the running epoch began.
+    pub epoch_x: f64,
+    /// The windows to open, by time: (wall TSC, function, rate, length in
+    /// ticks).
+    queue: Vec<(u64, u32, f64, u64)>,
+    next: usize,
+    /// The windows open.
+    open: Vec<Win>,
+    /// Windowed functions.
+    pub windowed: Vec<u32>,
+    order: Vec<(u32, f64, f64)>,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Schedule {
+            lock: AtomicBool::new(false),
+            inner: UnsafeCell::new(Inner {
+                epoch: 0,
+                counting: false,
+                raw: false,
+                exposure: Exposure::default(),
+                epoch_x: 0.0,
+                queue: Vec::with_capacity(MAX_PER_EPOCH),
+                next: 0,
+                open: Vec::with_capacity(MAX_OPEN),
+                windowed: Vec::with_capacity(MAX_WINDOWED),
+                order: Vec::with_capacity(MAX_WINDOWED),
+            }),
+        }
+    }
+}
+
+/// Holds the schedule's lock.
+pub(crate) struct Held<'a>(&'a Schedule);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.lock.store(false, Ordering::Release);
+    }
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        // SAFETY: the lock is held (see `Schedule`).
+        unsafe { &*self.0.inner.get() }
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        // SAFETY: the lock is held, by this guard alone.
+        unsafe { &mut *self.0.inner.get() }
+    }
+}
+
+impl Schedule {
+    /// The schedule (the sampler, or a report; no one holds it for more
+    /// than a wake-up's work).
+    pub(crate) fn hold(&self) -> Held<'_> {
+        crate::spin::acquire(&self.lock);
+        Held(self)
+    }
+
+    /// Releases a lock held by a thread that no longer exists (a forked
+    /// child).
+    ///
+    /// # Safety
+    /// No other thread of this process may hold or take the lock.
+    pub(crate) unsafe fn force_unlock(&self) {
+        self.lock.store(false, Ordering::Release);
+    }
+}
+
+/// A timing epoch `epoch` begins: no windows.
+pub(crate) fn idle(s: &mut Inner, epoch: u32) {
+    s.epoch = epoch;
+    s.counting = false;
+    s.queue.clear();
+    s.next = 0;
+    s.open.clear();
+}
+
+/// The sampler's wake-up in a counting epoch: closes the windows whose
+/// time is up, then opens those whose time has come and that fit.
+pub(crate) fn wake(p: &Profiler, s: &mut Inner) {
+    if !s.counting {
+        return;
+    }
+    close(p, s, false);
+    let (mut load, mut busy) = (0.0, false);
+    for w in &s.open {
+        if w.rate > DENSITY {
+            busy = true;
+        } else {
+            load += w.rate;
+        }
+    }
+    let now = tsc::now();
+    let first = s.open.len();
+    let mut j = s.next;
+    while j < s.queue.len() && s.open.len() < MAX_OPEN {
+        let (at, fi, rate, len) = s.queue[j];
+        if at > now {
+            break;
+        }
+        j += 1;
+        if fi == TAKEN {
+            continue;
+        }
+        // Windows share DENSITY; one busier than that alone is open alone.
+        let fits = if rate > DENSITY {
+            s.open.is_empty()
+        } else {
+            !busy && load + rate <= DENSITY
+        };
+        // A function's next window waits for its last to close.
+        if !fits || s.open.iter().any(|w| w.fi == fi) {
+            continue;
+        }
+        s.queue[j - 1].1 = TAKEN;
+        if arm(p, s, fi) {
+            s.open.push(Win {
+                fi,
+                rate,
+                until: len,
+                start: Reading::default(),
+            });
+            if rate > DENSITY {
+                busy = true;
+            } else {
+                load += rate;
+            }
+        }
+    }
+    while s.queue.get(s.next).is_some_and(|q| q.1 == TAKEN) {
+        s.next += 1;
+    }
+    if s.open.len() > first {
+        // Open, then one reading of the clock starts them all: a call
+        // counted before it is at most a few counted too many, against a
+        // window of hundreds of microseconds.
+        for w in &s.open[first..] {
+            if let Some(f) = p.funcs.get(w.fi) {
+                f.window.set_open(true);
+            }
+        }
+        let x = s.exposure.advance(p);
+        for w in &mut s.open[first..] {
+            w.until += x.at;
+            w.start = x;
+        }
+    }
+}
+
+/// Switches function `fi`'s entry probes on and marks its counters for a
+/// window; whether it is armed.
+fn arm(p: &Profiler, s: &Inner, fi: u32) -> bool {
+    let Some(f) = p.funcs.get(fi) else { return false };
+    if f.window.kind() != Kind::Windowed {
+        return false;
+    }
+    for t in p.stores() {
+        t.calls.open(fi);
+    }
+    // Pairs with `super::switch_off`'s check.
+    f.window.gen.fetch_add(1, Ordering::SeqCst);
+    let mut toggles = 0;
+    let mut skipped = false;
+    f.probes.for_each(|id, is_entry| {
+        if !is_entry {
+            return;
+        }
+        let Some(probe) = registry::get(id) else { return };
+        if matches!(crate::is_active(id), Ok(true)) {
+            return;
+        }
+        if s.raw && crate::toggle::activation_needs_word_patch(probe) {
+            skipped = true;
+            return;
+        }
+        if crate::activate(id, on_entry).is_ok() {
+            toggles += 1;
+        }
+    });
+    p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
+    if skipped {
+        p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
+    }
+    true
+}
+
+/// Closes the open windows whose time is up (every one, with `all`):
+/// their counting stops, one reading of the clock ends them all, their
+/// probes go off, and each one's calls over its exposure join its
+/// function's estimate.
+fn close(p: &Profiler, s: &mut Inner, all: bool) {
+    let now = tsc::now();
+    let due = |w: &Win| all || w.until <= now;
+    if !s.open.iter().any(due) {
+        return;
+    }
+    for w in s.open.iter().filter(|w| due(w)) {
+        if let Some(f) = p.funcs.get(w.fi) {
+            f.window.set_open(false);
+        }
+    }
+    let end = s.exposure.advance(p);
+    let mut k = 0;
+    while k < s.open.len() {
+        let w = s.open[k];
+        if !due(&w) {
+            k += 1;
+            continue;
+        }
+        s.open.swap_remove(k);
+        let Some(f) = p.funcs.get(w.fi) else { continue };
+        let mut toggles = 0;
+        f.probes.for_each(|id, is_entry| {
+            if is_entry && crate::deactivate(id).is_ok() {
+                toggles += 1;
+            }
+        });
+        p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
+        if f.window.kind() != Kind::Windowed {
+            continue;
+        }
+        let n: u64 = p.stores().map(|t| t.calls.since_open(w.fi)).sum();
+        let x = end.x() - w.start.x();
+        // SAFETY: the schedule's lock is held.
+        unsafe { f.window.estimate_mut() }.add_window(n, x);
+    }
+}
+
+/// Plans counting epoch `epoch`, beginning at `now` and lasting about
+/// `len` ticks: its windows' times. The windowed functions' probes go off
+/// until their windows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan(
+    p: &Profiler,
+    s: &mut Inner,
+    epoch: u32,
+    now: u64,
+    len: u64,
+    regions: usize,
+    tpn: f64,
+    rng: &mut u64,
+) {
+    idle(s, epoch);
+    s.counting = true;
+    let threads = p
+        .stores()
+        .filter(|t| t.died.load(Ordering::Relaxed) == 0)
+        .count()
+        .max(1) as f64;
+    let (min, max) = (WAKE_US as f64 * 1e3 * tpn, MAX_WINDOW_US * 1e3 * tpn);
+    s.order.clear();
+    for &fi in &s.windowed {
+        if let Some(f) = p.funcs.get(fi) {
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
+            // Windows sized for its busy stretches hold fewer calls on
+            // average the burstier it is: it gets more of them (its count
+            // varies more from window to window), at about the same
+            // counting cost.
+            let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX);
+            s.order.push((fi, e.sizing_rate(), more));
+            // Off until its windows (a timing epoch left it on).
+            f.exhausted.store(true, Ordering::SeqCst);
+            f.window.set_open(false);
+            f.probes.for_each(|id, is_entry| {
+                if is_entry && crate::deactivate(id).is_ok() {
+                    p.counters.toggles.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    }
+    for j in 0..s.order.len() {
+        let (fi, r, more) = s.order[j];
+        let k = (regions as f64 * more).round().max(1.0) as usize;
+        let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
+        let span = len.saturating_sub(wlen).max(1);
+        for _ in 0..k {
+            if s.queue.len() >= MAX_PER_EPOCH {
+                break;
+            }
+            let at = now + super::next_random(rng) % span;
+            s.queue.push((at, fi, r, wlen));
+        }
+    }
+    s.queue.sort_unstable_by_key(|q| q.0);
+}
+
+/// Ends the counting epoch: open windows close now and the rest of the
+/// queue is dropped.
+pub(crate) fn finish(p: &Profiler, s: &mut Inner) {
+    close(p, s, true);
+    s.queue.clear();
+    s.next = 0;
+    s.counting = false;
+}
+
+impl Inner {
+    /// Every windowed function folds the counting epoch just finished,
+    /// which spanned exposure `[self.epoch_x, x_now)`.
+    pub(crate) fn fold(&mut self, p: &Profiler, x_now: f64) {
+        let from = self.epoch_x;
+        for &fi in &self.windowed {
+            if let Some(f) = p.funcs.get(fi) {
+                // SAFETY: the schedule's lock is held (`self` is behind it).
+                unsafe { f.window.estimate_mut() }.fold_epoch(from, x_now);
+            }
+        }
+    }
+}

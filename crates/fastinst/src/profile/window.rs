@@ -1,0 +1,441 @@
+//! A function's counting windows and its call estimate.
+//!
+//! A function is counted in one of two ways ([`Kind`]):
+//! - *whole*: every call, with its entry probe on all the time. Its count
+//!   is exact. Every function starts so, and one with few calls stays so:
+//!   counting them costs less than scheduling windows.
+//! - *windowed*: only inside counting windows, stretches of time that the
+//!   schedule (`super::schedule`) fixes before they begin, placed at random
+//!   in the counting epochs. Calls inside a window are counted exactly;
+//!   the rest are estimated from them.
+//!
+//! The estimate is in *exposure*: the program's own time summed over its
+//! threads (`super::exposure`), wall time less the hooks' time. A window's
+//! `n` calls over its exposure `x` is a rate; an epoch's windows give the
+//! ratio `R = sum n / sum x`, the epoch's calls are `R P` for its exposure
+//! `P`, and the exposure between two epochs with windows (the timing epoch
+//! between them, or an epoch where the function got no window) is split
+//! half and half between their rates. So each stretch of time is estimated
+//! from the windows nearest it.
+//!
+//! Why windows fixed in time: a count taken over a stretch that does not
+//! depend on the calls is an unbiased sample whatever their pattern
+//! (loops, bursts, phases). The estimates this replaced timed a window's
+//! first K calls, or opened one function's window when another's closed,
+//! and both read functions called in bursts many times low.
+//!
+//! The spread is reported with the estimate: for each epoch, the ratio
+//! estimator's variance from how its windows' counts scatter about `R x`
+//! (at least the Poisson `n / x^2`), scaled by the time the rate stands
+//! for, plus, for each gap, the squared difference of the rates on either
+//! side. The accuracy harness (`fastinst-accuracy`) measures how well it
+//! covers.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// How a function is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// Every call, every epoch.
+    Whole = 0,
+    /// Only inside its windows.
+    Windowed = 1,
+}
+
+/// A whole function goes windowed once an epoch holds more calls than
+/// this; a windowed one goes back to whole once its rate predicts fewer
+/// than [`WHOLE_BELOW`] per epoch. Both counts are for epochs of the
+/// default length; longer epochs scale the first
+/// (`Settings::epoch_scale`).
+pub const WINDOWED_ABOVE: f64 = 16.0;
+/// See [`WINDOWED_ABOVE`].
+pub const WHOLE_BELOW: f64 = 4.0;
+
+/// Calls a thread may count of a whole function in one epoch of the default
+/// length (scaled with longer ones, as [`WINDOWED_ABOVE`]): past it the
+/// function's entry probe goes off at once and the function goes windowed
+/// at the epoch's end. (A quiet function that turns busy would otherwise
+/// be counted whole, a hook a call, to the end of the epoch: on QuickJS,
+/// GC and JSON functions at the start of each of their phases, a third of
+/// all hooks.)
+pub const WHOLE_OVERFLOW: u64 = 64;
+
+/// A function's window state (read by its handlers) and its estimate
+/// (the schedule's lock holder only).
+pub(crate) struct Window {
+    kind: AtomicU8,
+    /// Its window is open: its calls are counted.
+    open: AtomicBool,
+    /// Bumped each time the sampler arms the function (see
+    /// `super::switch_off`).
+    pub gen: AtomicU64,
+    /// The last epoch a whole function counted a call in (its first count
+    /// of an epoch hands it to the sampler).
+    pub counted_epoch: AtomicU32,
+    /// When a whole function passed [`WHOLE_OVERFLOW`] calls on a thread
+    /// in an epoch (wall TSC; 0: it has not).
+    pub overflow_at: AtomicU64,
+    est: UnsafeCell<Estimate>,
+}
+
+// SAFETY: `est` is touched only by the holder of the schedule's lock
+// (`Window::estimate_mut`'s contract); the rest are atomics.
+unsafe impl Sync for Window {}
+
+/// The estimate's state.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Estimate {
+    /// The running counting epoch's windows: sums of `n`, `x`, `n^2`,
+    /// `n x`, `x^2`, and how many.
+    n: f64,
+    x: f64,
+    nn: f64,
+    nx: f64,
+    xx: f64,
+    windows: u32,
+    /// Calls counted exactly (whole epochs).
+    pub counted: f64,
+    /// Calls estimated, and the estimate's variance.
+    est: f64,
+    var: f64,
+    /// The rate of the last epoch with windows (or the last whole epoch),
+    /// and the exposure where the time it covers ends: what lies after it
+    /// waits for the next rate.
+    last_rate: Option<f64>,
+    last_var_r: f64,
+    /// The rates of the epochs with windows, averaged with weights that
+    /// halve about every two epochs: whether the function is quiet enough
+    /// to be counted whole (one quiet epoch is not enough: a busy function
+    /// counted whole through its next busy phase costs a hook a call).
+    slow_rate: f64,
+    /// The highest recent epoch rate (decaying): a window's length is
+    /// chosen from it, so that a busy phase does not fill a window sized
+    /// for a quiet one.
+    peak_rate: f64,
+    /// The time since `mark` has no rate before it to share with: it is
+    /// all taken at the next epoch's rate.
+    gap_to_next: bool,
+    /// Calls per window, averaged over recent windows (weights halving
+    /// about every 8): how bursty the function is at a window's scale.
+    mean_n: f64,
+    mark: f64,
+    /// Windows folded over the run.
+    pub windows_total: u64,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window::new()
+    }
+}
+
+impl Window {
+    /// A function counted whole from the start.
+    pub(crate) fn new() -> Window {
+        Window {
+            kind: AtomicU8::new(Kind::Whole as u8),
+            open: AtomicBool::new(false),
+            gen: AtomicU64::new(0),
+            counted_epoch: AtomicU32::new(u32::MAX),
+            overflow_at: AtomicU64::new(0),
+            est: UnsafeCell::new(Estimate::default()),
+        }
+    }
+
+    /// How the function is counted now.
+    #[inline(always)]
+    pub(crate) fn kind(&self) -> Kind {
+        if self.kind.load(Ordering::Relaxed) == Kind::Windowed as u8 {
+            Kind::Windowed
+        } else {
+            Kind::Whole
+        }
+    }
+
+    pub(crate) fn set_kind(&self, k: Kind) {
+        self.kind.store(k as u8, Ordering::Release);
+    }
+
+    /// Whether its window is open.
+    #[inline(always)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Opens or closes its window.
+    pub(crate) fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+    }
+
+    /// No window (a forked child starts afresh).
+    pub(crate) fn reset(&self) {
+        self.set_kind(Kind::Whole);
+        self.open.store(false, Ordering::Relaxed);
+        self.counted_epoch.store(u32::MAX, Ordering::Relaxed);
+        self.overflow_at.store(0, Ordering::Relaxed);
+        // SAFETY: only the forked child's one thread runs.
+        unsafe { *self.est.get() = Estimate::default() };
+    }
+
+    /// The estimate's state.
+    ///
+    /// # Safety
+    /// The caller holds the schedule's lock (or is the only thread), and
+    /// drops the reference before releasing it.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn estimate_mut(&self) -> &mut Estimate {
+        // SAFETY: the caller's contract.
+        unsafe { &mut *self.est.get() }
+    }
+}
+
+impl Estimate {
+    /// Adds a window of the running counting epoch: `n` calls in `x` of
+    /// exposure.
+    pub(crate) fn add_window(&mut self, n: u64, x: f64) {
+        if x <= 0.0 {
+            return;
+        }
+        let n = n as f64;
+        self.mean_n = if self.windows_total == 0 && self.windows == 0 {
+            n
+        } else {
+            0.92 * self.mean_n + 0.08 * n
+        };
+        self.n += n;
+        self.x += x;
+        self.nn += n * n;
+        self.nx += n * x;
+        self.xx += x * x;
+        self.windows += 1;
+    }
+
+    /// Folds a counting epoch that spanned exposure `[from, to)`, with the
+    /// windows added since the last fold. An epoch without windows folds
+    /// nothing: its time waits for the next rate.
+    pub(crate) fn fold_epoch(&mut self, from: f64, to: f64) {
+        if self.windows == 0 || self.x <= 0.0 {
+            return;
+        }
+        let r = self.n / self.x;
+        // The ratio estimator's variance: the scatter of the windows'
+        // counts about `r x`, and no less than a Poisson count's.
+        let scatter = (self.nn - 2.0 * r * self.nx + r * r * self.xx).max(0.0);
+        let w = f64::from(self.windows);
+        let scatter = if w > 1.0 { scatter * w / (w - 1.0) } else { scatter };
+        let var_r = scatter.max(self.n.max(1.0)) / (self.x * self.x);
+        let gap = (from - self.mark).max(0.0);
+        let own = match self.last_rate.filter(|_| !self.gap_to_next) {
+            Some(r0) => {
+                self.est += r0 * gap / 2.0;
+                self.var += (gap / 2.0).powi(2) * (r - r0).powi(2);
+                gap / 2.0
+            }
+            None => gap,
+        };
+        let span = own + (to - from).max(0.0);
+        self.est += r * span;
+        self.var += span * span * var_r;
+        self.slow_rate = if self.last_rate.is_some() {
+            0.7 * self.slow_rate + 0.3 * r
+        } else {
+            r
+        };
+        self.peak_rate = (0.8 * self.peak_rate).max(r);
+        self.gap_to_next = false;
+        self.last_rate = Some(r);
+        self.last_var_r = var_r;
+        self.mark = to;
+        self.windows_total += u64::from(self.windows);
+        self.n = 0.0;
+        self.x = 0.0;
+        self.nn = 0.0;
+        self.nx = 0.0;
+        self.xx = 0.0;
+        self.windows = 0;
+    }
+
+    /// The function goes windowed at exposure `at`, having been counted
+    /// whole at `rate` calls per tick of exposure: that rate stands until
+    /// its first windows.
+    pub(crate) fn go_windowed(&mut self, at: f64, rate: f64) {
+        self.last_rate = Some(rate);
+        self.slow_rate = rate;
+        self.peak_rate = rate;
+        self.mark = at;
+    }
+
+    /// The function goes windowed at exposure `at`, its count exact until
+    /// then but no rate known (its count was cut short when it passed
+    /// [`WHOLE_OVERFLOW`]: a rate over a stretch that ends on a count is
+    /// biased high). `guess` stands for the time after `at` only if no
+    /// window comes.
+    pub(crate) fn go_windowed_from(&mut self, at: f64, guess: f64) {
+        self.go_windowed(at, guess);
+        self.gap_to_next = true;
+    }
+
+    /// The function goes whole at exposure `at`: its windowed estimate is
+    /// closed there at the last rate.
+    pub(crate) fn go_whole(&mut self, at: f64) {
+        if let Some(r) = self.last_rate {
+            self.est += r * (at - self.mark).max(0.0);
+        }
+        self.mark = at;
+    }
+
+    /// The rate a window's length is chosen from (see `peak_rate`).
+    pub(crate) fn sizing_rate(&self) -> f64 {
+        self.peak_rate.max(self.last_rate.unwrap_or(0.0))
+    }
+
+    /// Calls per window, averaged over recent windows.
+    pub(crate) fn mean_calls(&self) -> f64 {
+        self.mean_n
+    }
+
+    /// The rate averaged over recent epochs (see `slow_rate`).
+    pub(crate) fn slow_rate(&self) -> f64 {
+        self.slow_rate
+    }
+
+    /// The estimate at exposure `now` for a windowed function (its last
+    /// rate carried to `now`), plus the exact count: `(calls, standard
+    /// deviation, exact)`. `counting_whole` adds the calls counted since
+    /// the last fold of a whole function.
+    pub(crate) fn calls(&self, now: f64, windowed: bool, counting_whole: f64) -> (f64, f64, bool) {
+        let mut est = self.est + self.counted + counting_whole;
+        let mut var = self.var;
+        if windowed {
+            if let Some(r) = self.last_rate {
+                let tail = (now - self.mark).max(0.0);
+                est += r * tail;
+                // The tail has no rate after it to check against: as
+                // uncertain as the last epoch's rate.
+                var += tail * tail * self.last_var_r;
+            }
+        }
+        (est, var.sqrt(), self.windows_total == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::test_rng::Rng;
+
+    /// A program whose calls of one function arrive as a Poisson process of
+    /// a rate that changes over time (`rate(t)`, per tick of exposure),
+    /// profiled in epochs of `len` alternating counting and timing, with
+    /// `per_epoch` windows of `win` ticks at random places in each counting
+    /// epoch. Returns (estimate, truth, sd).
+    fn simulate(
+        rate: impl Fn(f64) -> f64,
+        epochs: usize,
+        len: f64,
+        per_epoch: usize,
+        win: f64,
+        seed: u64,
+    ) -> (f64, f64, f64) {
+        let mut rng = Rng(seed);
+        let mut e = Estimate::default();
+        let mut truth = 0.0;
+        let mut t = 0.0;
+        for k in 0..epochs {
+            // Jittered epoch length, as the sampler's.
+            let l = len * (0.5 + rng.unit());
+            let counting = k % 2 == 0;
+            // The epoch's calls, as arrival times.
+            let mut calls = Vec::new();
+            let step = 50.0;
+            let mut s = t;
+            while s < t + l {
+                let lam = rate(s) * step;
+                let n = rng.poisson(lam);
+                for _ in 0..n {
+                    calls.push(s + rng.unit() * step);
+                }
+                s += step;
+            }
+            truth += calls.len() as f64;
+            if counting {
+                for _ in 0..per_epoch {
+                    let a = t + rng.unit() * (l - win).max(0.0);
+                    let n = calls.iter().filter(|&&c| c >= a && c < a + win).count();
+                    e.add_window(n as u64, win);
+                }
+                e.fold_epoch(t, t + l);
+            }
+            t += l;
+        }
+        let (est, sd, _) = e.calls(t, true, 0.0);
+        (est, truth, sd)
+    }
+
+    #[test]
+    fn a_steady_rate_is_estimated_within_its_spread() {
+        let (est, truth, sd) = simulate(|_| 0.01, 200, 100_000.0, 4, 5_000.0, 7);
+        assert!(
+            (est - truth).abs() < 4.0 * sd.max(1.0),
+            "est {est} truth {truth} sd {sd}"
+        );
+        assert!((est / truth - 1.0).abs() < 0.05, "est {est} truth {truth}");
+    }
+
+    #[test]
+    fn bursts_and_phases_are_estimated_without_bias() {
+        // Calls only in the first fifth of every 300,000 ticks, at five
+        // times the mean rate, and a slow change of phase over the run.
+        let rate = |t: f64| {
+            let burst = if (t % 300_000.0) < 60_000.0 { 0.05 } else { 0.0 };
+            burst * (1.0 + 0.5 * (t / 5.0e6).sin())
+        };
+        let mut errs = Vec::new();
+        let mut z2 = 0.0;
+        for seed in 1..=20 {
+            let (est, truth, sd) = simulate(rate, 150, 100_000.0, 6, 5_000.0, seed);
+            errs.push(est / truth - 1.0);
+            z2 += ((est - truth) / sd).powi(2);
+        }
+        // Unbiased: the mean error over the seeds is within what its own
+        // spread (about 0.13 / sqrt(20)) allows.
+        let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+        assert!(mean.abs() < 0.06, "bias {mean}: {errs:?}");
+        // The reported spread is the right size: the errors' RMS in units of
+        // it is near 1 (not 0.1, not 10).
+        let rms_z = (z2 / 20.0).sqrt();
+        assert!((0.4..2.5).contains(&rms_z), "rms z {rms_z}");
+    }
+
+    #[test]
+    fn a_rate_that_changes_once_is_followed() {
+        // A hundredfold slowdown halfway: the epochs on either side carry
+        // their own rates; only the gap between them is interpolated.
+        let rate = |t: f64| if t < 1.0e7 { 0.02 } else { 0.0002 };
+        let (est, truth, _) = simulate(rate, 200, 100_000.0, 4, 5_000.0, 3);
+        assert!((est / truth - 1.0).abs() < 0.05, "est {est} truth {truth}");
+    }
+
+    #[test]
+    fn whole_counts_and_windows_join_at_the_switch() {
+        // Counted whole over [0, 1000): 10 calls.
+        let mut e = Estimate {
+            counted: 10.0,
+            ..Default::default()
+        };
+        e.go_windowed(1000.0, 0.01);
+        assert_eq!(e.sizing_rate(), 0.01);
+        // A counting epoch [1000, 2000) whose windows read 0.02.
+        e.add_window(2, 100.0);
+        e.fold_epoch(1000.0, 2000.0);
+        let (calls, _, exact) = e.calls(2000.0, true, 0.0);
+        assert!(!exact);
+        assert!((calls - 30.0).abs() < 1e-9, "{calls}");
+        // Back to whole at 3000: the gap [2000, 3000) at the last rate.
+        e.go_whole(3000.0);
+        let (calls, _, _) = e.calls(3000.0, false, 5.0);
+        assert!((calls - 55.0).abs() < 1e-9, "{calls}");
+    }
+}

@@ -1,0 +1,61 @@
+//! The README's main job, as a newcomer runs it: the `demo` example
+//! (`cargo run --release -p fastinst --example demo`), whose binary
+//! `cargo test` builds beside this test. Its report must agree with what
+//! the demo itself prints: 200,000 requests, each one `handle`, one
+//! `lookup` and one `parse`, and `render` 7 times (a recursion 6 deep).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+fn example() -> PathBuf {
+    // target/<profile>/deps/demo-<hash> -> target/<profile>/examples/demo
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("examples/demo");
+    assert!(p.exists(), "{} not built (cargo test builds examples)", p.display());
+    p
+}
+
+/// `(calls, ±)` of `function` in the text table the demo prints.
+fn calls(stdout: &str, function: &str) -> (f64, Option<f64>) {
+    let line = stdout
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some(function) && l.split_whitespace().count() >= 13)
+        .unwrap_or_else(|| panic!("no row for {function} in:\n{stdout}"));
+    let mut w = line.split_whitespace();
+    let calls: f64 = w.next().unwrap().parse().unwrap();
+    let sd = w.next().unwrap();
+    (calls, if sd == "=" { None } else { Some(sd.parse().unwrap()) })
+}
+
+#[test]
+fn the_demo_runs_and_its_report_agrees_with_what_it_prints() {
+    common::require("gcc");
+    let o = testkit::output_within(Command::new(example()), Duration::from_secs(300), "demo example");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        stdout.matches("served 200000 requests").count(),
+        2,
+        "plain and profiled runs:\n{stdout}"
+    );
+    for (f, want) in [
+        ("handle", 200_000.0),
+        ("lookup", 200_000.0),
+        ("parse", 200_000.0),
+        ("render", 1_400_000.0),
+    ] {
+        let (got, sd) = calls(&stdout, f);
+        println!("{f}: {got} ± {sd:?} of {want}");
+        assert!((got / want - 1.0).abs() <= 0.15, "{f}: {got} estimated, {want} made");
+        // Estimated, not exact: the report says how uncertain it is.
+        assert!(sd.is_some_and(|s| s > 0.0), "{f} has no spread");
+    }
+    // The four workers and main, each called a known number of times, are
+    // counted exactly.
+    assert_eq!(calls(&stdout, "worker"), (4.0, None));
+    assert_eq!(calls(&stdout, "main"), (1.0, None));
+    assert!(stdout.contains("flame graph: "), "{stdout}");
+}
