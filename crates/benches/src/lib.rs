@@ -101,7 +101,8 @@ impl<'a> Argv<'a> {
 #[macro_export]
 macro_rules! common_options_usage {
     () => {
-        "  --programs LIST     subset of bzip2,quickjs,sqlite
+        "  --programs LIST     a subset of the programs above (lua, zstd and demo
+                      only in fastinst-accuracy)
   --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
                       -fpatchable-function-entry=5 builds)
   --repeat N          each run does its workload N times over (default 1:

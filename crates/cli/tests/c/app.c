@@ -22,12 +22,14 @@ __attribute__((noinline)) long work(int round) {
 int main(int argc, char **argv) {
     long total = 0;
     /* APP_RAISE=N: signal N to itself halfway, then a pause in which an
-     * on-demand report can be written. */
+     * on-demand report can be written. Parsed on every run, so that every
+     * site of an inlined atoi runs whether it is set or not. */
     const char *raise_at = getenv("APP_RAISE");
+    int sig = atoi(raise_at ? raise_at : "0");
     for (int r = 0; r < 3000; r++) {
         total += work(r);
-        if (r == 1500 && raise_at) {
-            raise(atoi(raise_at));
+        if (r == 1500 && sig > 0) {
+            raise(sig);
             struct timespec ts = {0, 300 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }

@@ -105,6 +105,8 @@ pub(crate) struct Estimate {
     /// waits for the next rate.
     last_rate: Option<f64>,
     last_var_r: f64,
+    /// The exposure the last fold's epoch spanned.
+    last_span: f64,
     /// The rates of the epochs with windows, averaged with weights that
     /// halve about every two epochs: whether the function is quiet enough
     /// to be counted whole (one quiet epoch is not enough: a busy function
@@ -247,6 +249,7 @@ impl Estimate {
         self.gap_to_next = false;
         self.last_rate = Some(r);
         self.last_var_r = var_r;
+        self.last_span = (to - from).max(0.0);
         self.mark = to;
         self.windows_total += u64::from(self.windows);
         self.n = 0.0;
@@ -313,8 +316,13 @@ impl Estimate {
                 let tail = (now - self.mark).max(0.0);
                 est += r * tail;
                 // The tail has no rate after it to check against: as
-                // uncertain as the last epoch's rate.
+                // uncertain as the last epoch's rate, and, past two
+                // epochs without a window (windows that could not open),
+                // wholly unmeasured: it could be anything from none to
+                // twice the extrapolation.
                 var += tail * tail * self.last_var_r;
+                let stale = (tail - 2.0 * self.last_span).max(0.0);
+                var += (r * stale).powi(2);
             }
         }
         (est, var.sqrt(), self.windows_total == 0)
