@@ -29,7 +29,8 @@
 //! windows, cpu_samples}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
 //! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, too_deep,
-//! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit},
+//! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
+//! windows_planned, windows_opened, windows_void},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
 //! calls_exact, total_ms, recursive, total_capped, self_ms, cpu_samples,
 //! self_share, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
@@ -339,6 +340,19 @@ pub struct Overhead {
     /// `exit`).
     #[serde(default)]
     pub open_at_exit: u64,
+    /// Counting windows planned, and of them opened: a window that found
+    /// no room under the schedule's density cap before its epoch ended
+    /// never opens (0 in traces and reports before schema 3).
+    #[serde(default)]
+    pub windows_planned: u64,
+    /// See [`Overhead::windows_planned`].
+    #[serde(default)]
+    pub windows_opened: u64,
+    /// Opened windows left out of the estimates: their exposure (CPU time
+    /// less the hooks' time) was too small for the calls they counted, a
+    /// reading that is noise.
+    #[serde(default)]
+    pub windows_void: u64,
 }
 
 /// One function.
@@ -486,6 +500,16 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             s,
             "cpu samples: {} (every {:.0} us of a thread's CPU time), {} in the profiler left out, {} lost",
             cpu.samples, cpu.interval_us, cpu.profiler_samples, cpu.lost
+        )?;
+    }
+    if o.windows_planned > 0 {
+        writeln!(
+            s,
+            "counting windows: {} planned, {} opened ({:.0}%), {} void (too little exposure for their calls)",
+            o.windows_planned,
+            o.windows_opened,
+            100.0 * o.windows_opened as f64 / o.windows_planned as f64,
+            o.windows_void
         )?;
     }
     if o.open_at_exit > 0 {

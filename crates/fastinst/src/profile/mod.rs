@@ -233,6 +233,9 @@ pub(crate) struct Counters {
     pub no_thread: AtomicU64,
     pub inlined_off: AtomicU64,
     pub open_at_exit: AtomicU64,
+    pub windows_planned: AtomicU64,
+    pub windows_opened: AtomicU64,
+    pub windows_void: AtomicU64,
 }
 
 impl Counters {
@@ -244,8 +247,11 @@ impl Counters {
         c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    fn all(&self) -> [&AtomicU64; 9] {
+    fn all(&self) -> [&AtomicU64; 12] {
         [
+            &self.windows_void,
+            &self.windows_planned,
+            &self.windows_opened,
             &self.open_at_exit,
             &self.samples,
             &self.toggles,

@@ -14,8 +14,9 @@
 //! half times it, so that they keep no step with the program): a window
 //! opens at the first wake-up past its time, if the windows open leave
 //! room for it under a [`DENSITY`] of counted calls per tick of exposure (a
-//! function busier than that alone is open alone), and closes at the first
-//! wake-up past its length. So a window is a stretch of time that nothing
+//! function busier than that alone is open alone; one without room waits,
+//! and the windows planned after it wait behind it, so none starves), and
+//! closes at the first wake-up past its length. So a window is a stretch of time that nothing
 //! in the program decides: not a call of its function (a window closed
 //! after its K-th call reads a rate measured up to a call, biased high for
 //! a function called in bursts), nor of another (one opened when the last
@@ -63,6 +64,10 @@ pub const MAX_PER_EPOCH: usize = 2048;
 pub const MAX_OPEN: usize = 4096;
 /// Most windowed functions.
 pub const MAX_WINDOWED: usize = 65_536;
+
+/// The least exposure a counted call stands for (ticks): a window whose
+/// exposure is under this per call is void (see `close`).
+pub const MIN_TICKS_PER_CALL: f64 = 4.0;
 
 /// How many times its share of windows a bursty function may get.
 pub const MORE_MAX: f64 = 4.0;
@@ -218,12 +223,25 @@ pub(crate) fn wake(p: &Profiler, s: &mut Inner) {
         } else {
             !busy && load + rate <= DENSITY
         };
+        // A busy window that does not fit waits, and so do all planned
+        // after it, until the open ones close: letting later windows past
+        // it starved the busiest functions, which need the others closed
+        // (SQLite's aggregate and sorter functions went a whole run on
+        // their first few windows, their rates extrapolated over it). A
+        // smaller one that does not fit lets the rest try.
+        if !fits {
+            if rate > DENSITY {
+                break;
+            }
+            continue;
+        }
         // A function's next window waits for its last to close.
-        if !fits || s.open.iter().any(|w| w.fi == fi) {
+        if s.open.iter().any(|w| w.fi == fi) {
             continue;
         }
         s.queue[j - 1].1 = TAKEN;
         if arm(p, s, fi) {
+            p.counters.windows_opened.fetch_add(1, Ordering::Relaxed);
             s.open.push(Win {
                 fi,
                 rate,
@@ -331,6 +349,16 @@ fn close(p: &Profiler, s: &mut Inner, all: bool) {
         }
         let n: u64 = p.stores().map(|t| t.calls.since_open(w.fi)).sum();
         let x = end.x() - w.start.x();
+        // Exposure is CPU time less the hooks' time, read at two moments:
+        // in a window the hooks nearly filled, what is left can be noise
+        // about zero, and one such window made a rate of calls per tick
+        // without bound (Lua's `luaV_mod` once read orders of magnitude
+        // over its calls). No call of a program's own takes under a few
+        // ticks.
+        if x < (n as f64 * MIN_TICKS_PER_CALL).max(1.0) {
+            p.counters.windows_void.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         // SAFETY: the schedule's lock is held.
         unsafe { f.window.estimate_mut() }.add_window(n, x);
     }
@@ -390,6 +418,7 @@ pub(crate) fn plan(
             }
             let at = now + super::next_random(rng) % span;
             s.queue.push((at, fi, r, wlen));
+            p.counters.windows_planned.fetch_add(1, Ordering::Relaxed);
         }
     }
     s.queue.sort_unstable_by_key(|q| q.0);
