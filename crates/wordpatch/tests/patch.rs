@@ -150,12 +150,24 @@ fn async_state_machine_steps() {
     let m = code_page(0x90);
     let p = m.as_ptr() as *mut u8;
     let site = p.wrapping_add(128 - 3); // 3|2 split
-    let wait = Wait::Tmax(60_000_000); // ~20 ms at 3 GHz: each step clearly separated
+                                        // Long enough that the checks right after a step come before its wait
+                                        // ends; the test then waits for the TSC itself to pass it, whatever
+                                        // the TSC's rate.
+    const TICKS: u64 = 60_000_000;
+    let wait = Wait::Tmax(TICKS);
+    // Past a wait that began at or just after `t0` (with a margin for the
+    // call that began it).
+    let sleep_past = |t0: u64| {
+        while wordpatch::tsc::now().wrapping_sub(t0) <= TICKS + TICKS / 10 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
     let new = [1u8, 2, 3, 4, 5];
     let o = PatchOptions {
         expected: Some(&[0x90; 5]),
         wait: Some(wait),
     };
+    let started = wordpatch::tsc::now();
     // SAFETY: nothing executes this page.
     assert_eq!(unsafe { start_patch(site, &new, &o) }, Ok(Progress::InFlight));
     let at = |i: usize| bytes(&m)[128 - 3 + i];
@@ -186,14 +198,15 @@ fn async_state_machine_steps() {
         patch(p.add(128 + 2), &[8]).unwrap();
         patch(p.add(128 - 8), &[8; 5]).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(40));
+    sleep_past(started);
     // SECOND_WAIT: back written, still locked.
+    let second = wordpatch::tsc::now();
     assert_eq!(finish_patch(site), Progress::InFlight);
     assert_eq!(at(0), 0xCC);
     assert_eq!((at(3), at(4)), (4, 5));
     assert_eq!((at(1), at(2)), (0x90, 0x90), "front waits for the second step");
     assert_eq!(finish_patch(site), Progress::InFlight, "second wait not elapsed");
-    std::thread::sleep(Duration::from_millis(40));
+    sleep_past(second);
     // FINISHED.
     assert_eq!(finish_patch(site), Progress::Done);
     assert_eq!(&bytes(&m)[125..130], &new);
@@ -388,6 +401,13 @@ fn default_wait_has_a_source() {
             };
             assert_eq!(w, expect);
         }
-        WaitSource::Env | WaitSource::Config(_) | WaitSource::Explicit => {}
+        // The other sources are each checked by their effect in
+        // tests/settings.rs; here, that the source named is there.
+        WaitSource::Env => assert!(
+            std::env::var_os("FASTINST_WAIT").is_some() || std::env::var_os("FASTINST_TMAX").is_some(),
+            "Env with neither variable set"
+        ),
+        WaitSource::Config(path) => assert!(path.exists(), "{}", path.display()),
+        WaitSource::Explicit => {}
     }
 }
