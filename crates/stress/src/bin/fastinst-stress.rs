@@ -21,7 +21,7 @@ run options:
   --strategies LIST   word-synccore,word-async-synccore,word-tmax[:T],
                       word-async[:T],word-naive,call-paper,call-flip
                       (default: all but word-naive)
-  --forms LIST        call,ind,jmp (default: all the strategy supports)
+  --forms LIST        call,ind,jmp,jmpind (default: all the strategy supports)
   --splits LIST       e.g. 0,1,2 (default: every split of the form)
   --executors N       executor threads (default: max(2, cores))
   --trials N          trials per configuration (default 3)
