@@ -95,7 +95,12 @@ const char *fastinst_strategy(void);
  * call of an unrecognised site), or an error code. */
 int64_t fastinst_inactive_hits(fastinst_probe_id id);
 
+/* Set `size = sizeof(fastinst_stats)` before fastinst_get_stats: it fills
+ * that many bytes at most and sets `size` to how many it filled, so fields
+ * added at the end later do not break programs built with this header.
+ * A size under 8 is FASTINST_EINVAL. */
 typedef struct fastinst_stats {
+    uint64_t size;                 /* in: sizeof(fastinst_stats); out: bytes filled */
     uint64_t probes;               /* discovered */
     uint64_t unrecognised;         /* sites never patched (always on) */
     uint64_t arg_rewritten;        /* this_fn loads that pass the id */

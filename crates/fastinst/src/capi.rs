@@ -201,8 +201,19 @@ pub unsafe extern "C" fn fastinst_get_stats(out: *mut crate::Stats) -> c_int {
     if out.is_null() {
         return Error::InvalidArgument("null output".into()).code();
     }
-    // SAFETY: checked non-null; the caller guarantees it is writable.
-    unsafe { out.write(crate::stats()) };
+    // SAFETY: non-null, and the caller guarantees at least its `size`
+    // field (the first 8 bytes) is readable.
+    let want = unsafe { std::ptr::addr_of!((*out).size).read_unaligned() };
+    let own = std::mem::size_of::<crate::Stats>();
+    if want < 8 {
+        return Error::InvalidArgument("fastinst_stats.size not set (sizeof(fastinst_stats))".into()).code();
+    }
+    let n = (want as usize).min(own);
+    let mut s = crate::stats();
+    s.size = n as u64;
+    // SAFETY: the caller's struct holds `want >= n` bytes (its `size`), and
+    // ours `own >= n`; the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(&s as *const crate::Stats as *const u8, out as *mut u8, n) };
     0
 }
 

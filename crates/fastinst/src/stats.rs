@@ -18,6 +18,11 @@ pub(crate) static SLED_LOAD_TICKS: AtomicU64 = AtomicU64::new(0);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Its size in bytes: the C caller sets it to `sizeof(fastinst_stats)`
+    /// before `fastinst_get_stats`, which fills that many bytes at most
+    /// and sets it to how many it filled, so the struct can grow at its
+    /// end without breaking programs built against an older header.
+    pub size: u64,
     /// Probes discovered.
     pub probes: u64,
     /// Sites that were not recognised (never patched; their probes are
@@ -74,6 +79,7 @@ pub fn stats() -> Stats {
     let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let sled = crate::sled::stats();
     Stats {
+        size: std::mem::size_of::<Stats>() as u64,
         probes: crate::registry::count() as u64,
         unrecognised: l(&UNRECOGNISED),
         arg_rewritten: l(&REWRITTEN),

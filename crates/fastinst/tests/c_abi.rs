@@ -172,6 +172,7 @@ fn the_header_structs_are_laid_out_as_the_rust_structs() {
     );
     let stats = rust_layout!(
         fastinst::Stats,
+        size,
         probes,
         unrecognised,
         arg_rewritten,

@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
                    st ? nstr : total - nstr, off[reps / 2], off[reps * 9 / 10], on[reps / 2], on[reps * 9 / 10]);
         }
     }
-    fastinst_stats stt;
+    fastinst_stats stt = {.size = sizeof stt};
     fastinst_get_stats(&stt);
     printf("\ndiscovery: %llu probes, %llu ticks per probe\n", (unsigned long long)stt.probes,
            (unsigned long long)(stt.discovery_ticks / (stt.discoveries ? stt.discoveries : 1)));

@@ -167,8 +167,15 @@ int main(int argc, char **argv) {
     CHECK(hits_of((void *)leaf, FASTINST_ENTRY) == 2000 && hits_of((void *)mid, FASTINST_EXIT) == 1000,
           "counts after toggling: leaf %lu mid %lu", hits_of((void *)leaf, FASTINST_ENTRY),
           hits_of((void *)mid, FASTINST_EXIT));
-    fastinst_stats st;
-    CHECK(fastinst_get_stats(&st) == 0, "get_stats");
+    fastinst_stats st = {.size = 4};
+    CHECK(fastinst_get_stats(&st) == FASTINST_EINVAL, "get_stats without its size");
+    st.size = sizeof st;
+    CHECK(fastinst_get_stats(&st) == 0 && st.size == sizeof st, "get_stats");
+    /* An older, shorter struct is filled only as far as it goes. */
+    struct { uint64_t size, probes; uint64_t guard; } old = {16, 0, 0xfeedULL};
+    CHECK(fastinst_get_stats((fastinst_stats *)&old) == 0 && old.size == 16 && old.probes == st.probes &&
+              old.guard == 0xfeedULL,
+          "get_stats into an older struct");
     printf("ok strategy=%s probes=%d patched=%d toggles=%lu rewritten=%llu unrecognised=%llu\n", fastinst_strategy(),
            nids, patched, toggles, (unsigned long long)st.arg_rewritten, (unsigned long long)st.unrecognised);
     return 0;
