@@ -12,7 +12,8 @@
 //!   count, `main`'s inclusive time within 0.75 to 1.6 times the
 //!   probes-off run (it waits for threads that outnumber the CPUs, so it
 //!   holds their hooks' overhead: an impossible total fails), and
-//!   the p50 of most functions of at least 1 µs within ±25% of the trace;
+//!   the p50 of most functions of at least 1 µs (mean of two profiler
+//!   runs) within ±25% of the trace; every run's calls checked;
 //! - Lua: the geometric mean of estimated over exact calls within 0.7 to
 //!   1.4, and at least half the functions with at least 1% of the calls
 //!   within ±40% (one run; a few of its busiest functions are bursty enough
@@ -33,7 +34,7 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn harness(work: &Path, programs: &str, compilers: &str) -> Vec<Config> {
+fn harness(work: &Path, programs: &str, compilers: &str, runs: &str) -> Vec<Config> {
     let json = work.join(format!("{programs}.json"));
     let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst-accuracy"));
     c.args([
@@ -42,7 +43,7 @@ fn harness(work: &Path, programs: &str, compilers: &str) -> Vec<Config> {
         "--compilers",
         compilers,
         "--runs",
-        "1",
+        runs,
         "--work",
     ])
     .arg(work)
@@ -62,16 +63,17 @@ fn ratio_within(got: f64, want: f64, tol: f64) -> bool {
 #[test]
 fn the_profiler_reads_the_demo_and_lua_within_bounds() {
     let work = scratch("work");
-    for c in harness(&work, "demo", "gcc,gcc-sled") {
+    for c in harness(&work, "demo", "gcc,gcc-sled", "2") {
         for k in &c.calls {
-            let e = k.estimated[0];
-            assert!(
-                ratio_within(e, k.exact as f64, 0.25),
-                "demo {}: {} estimated at {e:.0} of {}",
-                c.build,
-                k.name,
-                k.exact
-            );
+            for &e in &k.estimated {
+                assert!(
+                    ratio_within(e, k.exact as f64, 0.25),
+                    "demo {}: {} estimated at {e:.0} of {}",
+                    c.build,
+                    k.name,
+                    k.exact
+                );
+            }
         }
         let main = c
             .inclusive
@@ -92,7 +94,15 @@ fn the_profiler_reads_the_demo_and_lua_within_bounds() {
         let p50s: Vec<bool> = c
             .percentiles
             .iter()
-            .map(|p| ratio_within(p.profile[0].0, p.trace.0, 0.25))
+            // A p50 from the first calls of each timing epoch varies from
+            // run to run: the two runs' mean.
+            .map(|p| {
+                ratio_within(
+                    p.profile.iter().map(|x| x.0).sum::<f64>() / p.profile.len() as f64,
+                    p.trace.0,
+                    0.25,
+                )
+            })
             .collect();
         let ok = p50s.iter().filter(|&&b| b).count();
         assert!(
@@ -102,7 +112,7 @@ fn the_profiler_reads_the_demo_and_lua_within_bounds() {
             p50s.len()
         );
     }
-    let lua = harness(&work, "lua", "gcc-sled");
+    let lua = harness(&work, "lua", "gcc-sled", "1");
     let c = &lua[0];
     let g = c.calls_geomean();
     assert!(

@@ -92,7 +92,7 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
             }
             Item::Opt("-h" | "--help", _) => return Ok(None),
             Item::Opt("--print", None) => r.print = true,
-            Item::Opt("--inlined", None) => r.env.push(("FASTINST_PROFILE_INLINED", "1".into())),
+            Item::Opt("--inlined", None) => r.env.push(("FASTINST_INLINED", "1".into())),
             Item::Opt("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
             Item::Opt(n @ "--windows", i) => {
                 let w: u32 = a.parsed(n, i, "a whole number")?;
@@ -274,7 +274,7 @@ mod tests {
                 ("FASTINST_PROFILE_EPOCH_MS", "2.5".into()),
                 ("FASTINST_PROFILE_SIGNAL", "USR2".into()),
                 ("FASTINST_STRATEGY", "paper".into()),
-                ("FASTINST_PROFILE_INLINED", "1".into()),
+                ("FASTINST_INLINED", "1".into()),
             ]
         );
         assert_eq!(r.command, v(&["./app", "-x", "--tool"]));

@@ -24,6 +24,20 @@
 //! handler closing a window) may read any thread's counters at any time,
 //! and a thread that exits leaves its final counts and its end.
 
+/// A hook's stamp, for the naked stubs and trampolines: the TSC into
+/// `rax` (or `rdx`) behind an `lfence`, clobbering both. Every clocked hook
+/// path stamps with this one sequence, so that what the calibration
+/// measures of one path's unseen ticks holds for the others.
+macro_rules! tsc_stamp {
+    (rax) => {
+        "lfence\nrdtsc\nshl rdx, 32\nor rax, rdx"
+    };
+    (rdx) => {
+        "lfence\nrdtsc\nshl rdx, 32\nor rdx, rax"
+    };
+}
+pub(crate) use tsc_stamp;
+
 use crate::segmented::Segmented;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use wordpatch::tsc;
@@ -539,7 +553,9 @@ mod tests {
             end_fi(rec as *const ThreadClock as usize, tsc::now());
             assert!(rec.active_in(p2));
             assert_eq!(rec.period_base(p2), after);
-            assert_eq!(rec.tid(), unsafe { libc::gettid() });
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            assert_eq!(rec.tid(), tid);
             rec as *const ThreadClock as usize
         })
         .join()

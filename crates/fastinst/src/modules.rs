@@ -44,6 +44,10 @@ pub struct Module {
     symbols: OnceLock<SymbolTable>,
     /// The module file, mapped (`None`: no symbols to read).
     file: Option<memmap2::Mmap>,
+    /// Its separate debug file, mapped, where the module file is stripped
+    /// and one is installed: resolved on the first look-up, and then the
+    /// source of every name (see [`Module::symbol_bytes`]).
+    debug: OnceLock<Option<memmap2::Mmap>>,
     /// Look-ups answered before the table was built, by address; their
     /// functions are leaked (at most [`SCANS`] per module).
     scanned: Mutex<Vec<(u64, Option<&'static Function>)>>,
@@ -66,7 +70,7 @@ impl Module {
         if let Some(t) = self.symbols.get() {
             return t.containing(addr);
         }
-        let bytes = self.file.as_ref()?;
+        let bytes = self.symbol_bytes()?;
         let mut scanned = self.scanned.lock();
         if let Some(&(_, f)) = scanned.iter().find(|(a, _)| *a == addr) {
             return f;
@@ -88,10 +92,19 @@ impl Module {
 
     /// Its function symbols at run-time addresses (read now if not yet).
     pub fn symbols(&self) -> &SymbolTable {
-        self.symbols.get_or_init(|| match &self.file {
+        self.symbols.get_or_init(|| match self.symbol_bytes() {
             Some(bytes) => read_symbols(&self.path, bytes, self.bias),
             None => SymbolTable::default(),
         })
+    }
+
+    /// The file its names come from: its separate debug file where it is
+    /// stripped and one is installed (as `perf report` names a stripped C
+    /// library's `_int_malloc`, not the exported symbol below it), else
+    /// its own. One source for every look-up, scanned or tabled.
+    fn symbol_bytes(&self) -> Option<&[u8]> {
+        let own = self.file.as_deref()?;
+        Some(self.debug.get_or_init(|| debug_mapping(own)).as_deref().unwrap_or(own))
     }
 }
 
@@ -218,6 +231,20 @@ fn read_symbols(path: &str, bytes: &[u8], bias: u64) -> SymbolTable {
     })
 }
 
+/// The separate debug file of a stripped module file `own` (no `.symtab`:
+/// Debian's C library), by build id under `/usr/lib/debug`, mapped; `None`
+/// for a file with its own full table or without a debug file.
+fn debug_mapping(own: &[u8]) -> Option<memmap2::Mmap> {
+    if providers::sections::Sections::parse(own).ok()?.has_symtab() {
+        return None;
+    }
+    let path = providers::elf::debug_file(&providers::elf::build_id(own)?)?;
+    let f = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping of a debug file, read as the
+    // module file is (see `read_module`).
+    unsafe { memmap2::Mmap::map(&f) }.ok()
+}
+
 /// The file of the module at `path` ("" is the executable).
 fn file_of(path: &str) -> &str {
     if path.is_empty() {
@@ -272,6 +299,7 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             segments: s.segments,
             symbols: OnceLock::new(),
             file,
+            debug: OnceLock::new(),
             scanned: Mutex::new(Vec::new()),
             sleds,
             index: *next_index,
@@ -337,10 +365,10 @@ mod tests {
         let f = libc.function(qsort).expect("qsort has a symbol");
         assert!(f.name.contains("qsort"), "{}", f.name);
         assert_eq!(libc.function(qsort), Some(f), "asked again");
-        // Other functions, from the file's own table: the first SCANS
-        // distinct look-ups scan, the next builds the table.
-        let file = std::fs::read(&libc.path).unwrap();
-        let table = SymbolTable::from_elf(&file, libc.bias).unwrap();
+        // Other functions, from the table of the file its names come from
+        // (its debug file where one is installed): the first SCANS distinct
+        // look-ups scan, the next builds the table.
+        let table = SymbolTable::from_elf(libc.symbol_bytes().unwrap(), libc.bias).unwrap();
         let others: Vec<&Function> = table
             .iter()
             .filter(|g| g.start != f.start)

@@ -54,15 +54,13 @@ fn set_mask(mask: u64) -> u64 {
     // SAFETY: rt_sigprocmask(SIG_SETMASK, &mask, &old, 8) reads and writes
     // the two words given.
     unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") libc::SYS_rt_sigprocmask => _,
-            in("rdi") libc::SIG_SETMASK,
-            in("rsi") &mask as *const u64,
-            in("rdx") &mut old as *mut u64,
-            in("r10") 8usize,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
+        syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as usize,
+            &mask as *const u64 as usize,
+            &mut old as *mut u64 as usize,
+            8,
+            0,
         )
     };
     old
@@ -174,15 +172,13 @@ pub(crate) fn sleep(d: std::time::Duration) {
     };
     // SAFETY: clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL) reads `ts`.
     unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") libc::SYS_clock_nanosleep => _,
-            in("rdi") libc::CLOCK_MONOTONIC,
-            in("rsi") 0usize,
-            in("rdx") &ts as *const libc::timespec,
-            in("r10") 0usize,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
+        syscall(
+            libc::SYS_clock_nanosleep,
+            libc::CLOCK_MONOTONIC as usize,
+            0,
+            &ts as *const libc::timespec as usize,
+            0,
+            0,
         )
     };
 }
@@ -190,45 +186,7 @@ pub(crate) fn sleep(d: std::time::Duration) {
 /// CPU time the calling thread has used, in nanoseconds, with the system
 /// call itself (callable from a raw thread, and from any other).
 pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) writes `ts`.
-    let ret: isize;
-    unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") libc::SYS_clock_gettime => ret,
-            in("rdi") libc::CLOCK_THREAD_CPUTIME_ID,
-            in("rsi") &mut ts as *mut libc::timespec,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
-        )
-    };
-    if ret != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// A system call of up to three arguments, made directly (no libc, no
-/// `errno`): the raw return value, negative for an error.
-///
-/// # Safety
-/// The arguments must be valid for system call `nr`.
-pub(crate) unsafe fn syscall3(nr: libc::c_long, a: usize, b: usize, c: usize) -> isize {
-    let ret: isize;
-    // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only.
-    unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") nr as isize => ret,
-            in("rdi") a,
-            in("rsi") b,
-            in("rdx") c,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
-        )
-    };
-    ret
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID as i64).unwrap_or(0)
 }
 
 /// CPU time thread `tid` of this process has used, in nanoseconds, with
@@ -236,26 +194,33 @@ pub(crate) unsafe fn syscall3(nr: libc::c_long, a: usize, b: usize, c: usize) ->
 pub(crate) fn cpu_ns_of(tid: i32) -> Option<u64> {
     // The kernel's per-thread scheduler clock for `tid`
     // (`MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`).
-    let clock = ((!(tid as i64)) << 3) | 6;
+    clock_ns(((!(tid as i64)) << 3) | 6)
+}
+
+/// Clock `clock` in nanoseconds (`clock_gettime`); `None` if the kernel
+/// refuses it.
+fn clock_ns(clock: i64) -> Option<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime(clock, &ts) writes `ts`.
     let ret = unsafe {
-        syscall3(
+        syscall(
             libc::SYS_clock_gettime,
             clock as usize,
             &mut ts as *mut libc::timespec as usize,
+            0,
+            0,
             0,
         )
     };
     (ret == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// A system call of up to five arguments, made directly (see
-/// [`syscall3`]).
+/// A system call of up to five arguments (unused ones 0), made directly
+/// (no libc, no `errno`): the raw return value, negative for an error.
 ///
 /// # Safety
 /// The arguments must be valid for system call `nr`.
-pub(crate) unsafe fn syscall5(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> isize {
+pub(crate) unsafe fn syscall(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> isize {
     let ret: isize;
     // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only.
     unsafe {
@@ -278,7 +243,7 @@ pub(crate) unsafe fn syscall5(nr: libc::c_long, a: usize, b: usize, c: usize, d:
 /// end its sleeps to batch wake-ups; 50 us by default).
 pub(crate) fn set_timer_slack(ns: u64) {
     // SAFETY: prctl(PR_SET_TIMERSLACK, ns) takes a plain number.
-    unsafe { syscall3(libc::SYS_prctl, libc::PR_SET_TIMERSLACK as usize, ns as usize, 0) };
+    unsafe { syscall(libc::SYS_prctl, libc::PR_SET_TIMERSLACK as usize, ns as usize, 0, 0, 0) };
 }
 
 #[cfg(test)]

@@ -89,6 +89,12 @@ impl<'a> Sections<'a> {
         section_bytes(self.bytes, h)
     }
 
+    /// Whether the file has a full symbol table (`.symtab`), not only the
+    /// dynamic one: a stripped file has not.
+    pub fn has_symtab(&self) -> bool {
+        self.headers.iter().any(|h| h.sh_type == SHT_SYMTAB)
+    }
+
     /// The symbol tables (`.symtab` and `.dynsym`), each with its strings.
     /// A table whose bounds lie outside the file is left out.
     pub fn symbol_tables(&self) -> Vec<SymbolSection<'a>> {

@@ -91,7 +91,7 @@ fn digits(buf: &mut [u8; 32], x: f64, places: u32) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::{push_fixed, MAX_PLACES};
-    use crate::test_rng::Rng;
+    use testkit::Rng;
 
     #[test]
     fn writes_what_std_writes() {

@@ -146,8 +146,8 @@ fn write_paths<W: ?Sized + Write>(w: &mut W, paths: &[StackRow]) -> io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::Rng;
     use crate::Stacks;
+    use testkit::Rng;
 
     fn report(rng: &mut Rng, paths: usize) -> Report {
         let mut x = || {

@@ -55,8 +55,6 @@ pub mod fx;
 mod json;
 pub mod pathtree;
 mod svg;
-#[cfg(test)]
-mod test_rng;
 
 use fx::FxMap;
 use serde::{Deserialize, Serialize};
@@ -279,7 +277,7 @@ pub struct SettingsOut {
     /// Epoch in ms.
     pub epoch_ms: f64,
     /// Whether copies of functions inlined into others were sampled
-    /// (`FASTINST_PROFILE_INLINED`); false in reports written before the
+    /// (`FASTINST_INLINED`); false in reports written before the
     /// setting existed, which did sample them.
     #[serde(default)]
     pub inlined: bool,
@@ -484,7 +482,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     if o.inlined_copies_off > 0 {
         writeln!(
             s,
-            "inlined copies: {} probes in functions' copies inlined into other functions are off; their time is their callers' (FASTINST_PROFILE_INLINED=1 samples them)",
+            "inlined copies: {} probes in functions' copies inlined into other functions are off; their time is their callers' (FASTINST_INLINED=1 samples them)",
             o.inlined_copies_off
         )?;
     }
@@ -930,7 +928,7 @@ mod tests {
     /// writes.
     #[test]
     fn text_rows_are_what_the_format_widths_write() {
-        let mut rng = crate::test_rng::Rng(0x2545_F491_4F6C_DD1D);
+        let mut rng = testkit::Rng(0x2545_F491_4F6C_DD1D);
         let mut num = move || {
             let r = rng.next_u64();
             let x = rng.unit() * 10f64.powi((r % 18) as i32 - 6);

@@ -1,5 +1,6 @@
-//! Test support shared by the workspace's integration tests (a
-//! dev-dependency only): a child process run under a time limit.
+//! Test support shared by the workspace's tests (a dev-dependency only): a
+//! child process run under a time limit, and a seeded random generator
+//! ([`Rng`]).
 //!
 //! Every test that starts a program (a C test program, the `fastinst`
 //! command, the calibration or stress binaries) runs it through
@@ -7,6 +8,9 @@
 //! library, a patch that loops) then fails its test within the limit and
 //! shows where each of its threads was, where a plain `Command::output`
 //! would hold the CI run until the CI's own limit, with nothing to read.
+
+mod rng;
+pub use rng::Rng;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt as _;

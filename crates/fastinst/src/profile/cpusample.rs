@@ -187,7 +187,7 @@ fn open_event() -> bool {
     // SAFETY: perf_event_open reads `attr` (128 bytes); pid 0 is this
     // thread, cpu -1 any, no group.
     let fd = unsafe {
-        crate::rawthread::syscall5(
+        crate::rawthread::syscall(
             libc::SYS_perf_event_open,
             &attr as *const PerfAttr as usize,
             0,
@@ -279,6 +279,7 @@ pub(crate) fn samples() -> (Vec<u64>, u64) {
 pub(crate) fn own_library() -> (u64, u64) {
     static RANGE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
     *RANGE.get_or_init(|| {
+        // SAFETY: Dl_info is plain pointers, for which all zeroes is valid.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr reads the address and fills `info`.
         if unsafe { libc::dladdr(own_library as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {

@@ -26,7 +26,7 @@
 //! Copies of a function that gcc's `-finstrument-functions` left inlined in
 //! other functions (hooks in another function's code, not in the function's
 //! clones or `.cold` parts: [`ProbeMeta::inlined`]) are switched off at
-//! discovery and never sampled unless `FASTINST_PROFILE_INLINED=1`; see
+//! discovery and never sampled unless `FASTINST_INLINED=1`; see
 //! [`Settings::inlined`] for why. The sampler thread is made with
 //! `clone(2)`, unknown to glibc, which therefore keeps its single-threaded
 //! `malloc` in a single-threaded program (`rawthread.rs`, [`Sampler`]); so
@@ -44,8 +44,6 @@ mod paths;
 pub mod report;
 mod schedule;
 mod table;
-#[cfg(test)]
-mod test_rng;
 mod thread;
 mod window;
 
@@ -82,7 +80,8 @@ pub struct Settings {
     /// What kind of thread the sampler is.
     pub sampler: Sampler,
     /// Whether to sample the copies of a function inlined into other
-    /// functions (`FASTINST_PROFILE_INLINED=1`), not only its own code.
+    /// functions (`FASTINST_INLINED=1`, formerly `FASTINST_PROFILE_INLINED`),
+    /// not only its own code.
     ///
     /// Off by default. gcc's `-finstrument-functions` keeps the hooks of
     /// every inlined copy (clang's after-inlining form and sled builds have
@@ -148,8 +147,9 @@ impl Settings {
     /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS`,
     /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number) and
     /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`) and
-    /// `FASTINST_PROFILE_INLINED` (`0`, `1`) and `FASTINST_PROFILE_WINDOWS`
-    /// (1 to 64); an invalid value is reported
+    /// `FASTINST_PROFILE_WINDOWS` (1 to 64) and `FASTINST_PROFILE_CPU`
+    /// (`0`, `1`), and `FASTINST_INLINED` as every tool does
+    /// ([`crate::tools::inlined_from_env`]); an invalid value is reported
     /// and the default kept.
     pub fn from_env() -> Settings {
         let mut s = Settings::default();
@@ -193,13 +193,8 @@ impl Settings {
                 _ => crate::log::error(format_args!("FASTINST_PROFILE_CPU: `{v}` is not 0 or 1; using 1")),
             }
         }
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_INLINED") {
-            match v.trim() {
-                "0" => s.inlined = false,
-                "1" => s.inlined = true,
-                _ => crate::log::error(format_args!("FASTINST_PROFILE_INLINED: `{v}` is not 0 or 1; using 0")),
-            }
-        }
+        // The setting every tool shares (its older name included).
+        s.inlined = crate::tools::inlined_from_env();
         if let Ok(v) = std::env::var("FASTINST_PROFILE_SIGNAL") {
             match v.trim().trim_start_matches("SIG") {
                 "" | "none" => {}
@@ -362,10 +357,9 @@ pub(crate) struct Profiler {
     /// its re-arming and its wake-ups, a cost the handlers' time does not
     /// show.
     sampler_ns: AtomicU64,
-    /// [`window::WHOLE_OVERFLOW`] and [`window::WINDOWED_ABOVE`] for this
-    /// epoch length (see [`Settings::epoch_scale`]).
+    /// [`window::WHOLE_OVERFLOW`] for this epoch length (see
+    /// [`Settings::epoch_scale`]), kept for the counting handler.
     whole_overflow: u64,
-    windowed_above: f64,
     pub out: PathBuf,
     pub program: String,
 }
@@ -383,6 +377,31 @@ impl Profiler {
     /// Every thread's store.
     pub(crate) fn stores(&self) -> impl Iterator<Item = &'static ThreadStore> + '_ {
         (0..self.stores.len()).filter_map(|i| self.stores.get(i).copied())
+    }
+
+    /// Function `fi`'s calls counted on every thread since its counters
+    /// were last opened.
+    pub(crate) fn counted(&self, fi: u32) -> u64 {
+        self.stores().map(|t| t.calls.since_open(fi)).sum()
+    }
+
+    /// Opens function `fi`'s counters on every thread: counting starts
+    /// again from here.
+    pub(crate) fn open_counts(&self, fi: u32) {
+        for t in self.stores() {
+            t.calls.open(fi);
+        }
+    }
+
+    /// [`Profiler::counted`], then [`Profiler::open_counts`].
+    fn take_counted(&self, fi: u32) -> u64 {
+        self.stores()
+            .map(|t| {
+                let n = t.calls.since_open(fi);
+                t.calls.open(fi);
+                n
+            })
+            .sum()
     }
 
     /// Counter `field` summed over the profiler's set and every thread's.
@@ -537,8 +556,6 @@ extern "C" fn on_entry(id: ProbeId) {
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
     let (epoch, _) = crate::clock::period();
-    let ctx = crate::hooks::context();
-    let now = ctx.started;
     match f.window.kind() {
         // A function counted whole is also timed in every epoch: its few
         // calls cost the counting windows nothing that matters, and a
@@ -558,6 +575,8 @@ extern "C" fn on_entry(id: ProbeId) {
     // Timing epochs run with the hooks timing themselves: this thread's
     // clock exists (the hook made it), unless the epoch began while this
     // hook was starting (then it is timed from the next call).
+    let ctx = crate::hooks::context();
+    let now = ctx.started;
     let Some(clock) = crate::clock::current() else { return };
     if now == 0 {
         return;
@@ -1012,9 +1031,7 @@ fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &mut u64, len
             let e = unsafe { f.window.estimate_mut() };
             if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
                 e.go_whole(x_now);
-                for t in p.stores() {
-                    t.calls.open(fi);
-                }
+                p.open_counts(fi);
                 f.window.set_kind(Kind::Whole);
                 s.windowed.swap_remove(k);
                 p.due.push(fi);
@@ -1042,16 +1059,12 @@ fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &mut u64, len
                 // Windowed: armed below.
                 continue;
             }
-            let mut n = 0;
-            for t in p.stores() {
-                n += t.calls.since_open(i);
-                t.calls.open(i);
-            }
+            let n = p.take_counted(i);
             // SAFETY: the schedule's lock is held.
             let e = unsafe { f.window.estimate_mut() };
             e.counted += n as f64;
             let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
-            if (overflow != 0 || n as f64 > p.windowed_above)
+            if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.settings.epoch_scale())
                 && p_epoch > 0.0
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {
@@ -1126,11 +1139,7 @@ pub(crate) fn final_fold(p: &'static Profiler) {
         if f.window.kind() != Kind::Whole {
             continue;
         }
-        let mut n = 0;
-        for t in p.stores() {
-            n += t.calls.since_open(i);
-            t.calls.open(i);
-        }
+        let n = p.take_counted(i);
         // SAFETY: the schedule's lock is held.
         unsafe { f.window.estimate_mut() }.counted += n as f64;
     }
@@ -1265,7 +1274,6 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         rearm_skipped: AtomicU64::new(0),
         sampler_ns: AtomicU64::new(0),
         whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
-        windowed_above: window::WINDOWED_ABOVE * settings.epoch_scale(),
         out,
         program,
     });

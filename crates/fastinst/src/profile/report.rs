@@ -139,7 +139,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         Some((a, _)) if a.n > 0 => est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.n as f64,
         _ => 0.0,
     };
-    let cpu = cpu_attribution(&ranges, ticks_per_ns);
+    let cpu = cpu_attribution(&ranges, &p.program);
 
     // Edges, merged by caller function.
     // (caller name, callee) -> (sampled calls, ticks, caller function).
@@ -303,10 +303,9 @@ struct Cpu {
 }
 
 /// Charges each CPU sample to the instrumented function holding its
-/// program counter (`ranges`), or else to the symbol `dladdr` finds; the
+/// program counter (`ranges`), or else to its symbol ([`symbol_name`]); the
 /// profiler's own samples (in a handler, or in its library) apart.
-fn cpu_attribution(ranges: &[(usize, usize, u32)], ticks_per_ns: f64) -> Cpu {
-    let _ = ticks_per_ns;
+fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str) -> Cpu {
     let (pcs, taken) = super::cpusample::samples();
     let (lo, hi) = super::cpusample::own_library();
     let mut by_function: FxMap<u32, u64> = FxMap::default();
@@ -325,9 +324,11 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], ticks_per_ns: f64) -> Cpu {
         }
         *other.entry(pc).or_default() += 1;
     }
-    let mut symbols = Symbolizer::default();
+    // A snapshot: naming reads symbol tables, which the discovery lock
+    // need not wait for.
+    let modules = crate::discovery::with_state(|st| st.modules.clone());
     for (pc, n) in other {
-        *by_symbol.entry(symbols.name(pc)).or_default() += n;
+        *by_symbol.entry(symbol_name(&modules, pc, program_name)).or_default() += n;
     }
     let mut rows: Vec<CpuRow> = by_symbol
         .into_iter()
@@ -354,80 +355,25 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], ticks_per_ns: f64) -> Cpu {
     }
 }
 
-/// (start, end, file, load bias) of an executable mapping.
-type Mapping = (u64, u64, Arc<str>, u64);
-
-/// Names addresses outside instrumented functions by the symbol tables of
-/// the files mapped there, as `perf report` does: a file's own `.symtab`
-/// and `.dynsym`, or its separate debug file's (by build id, under
-/// `/usr/lib/debug`), so that the C library's `_int_malloc` is named as
-/// perf names it rather than by the exported symbol below it.
-#[derive(Default)]
-struct Symbolizer {
-    maps: Option<Vec<Mapping>>,
-    tables: FxMap<Arc<str>, Option<providers::elf::SymbolTable>>,
-}
-
-impl Symbolizer {
-    fn maps(&mut self) -> &[Mapping] {
-        self.maps.get_or_insert_with(|| {
-            let text = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-            let mut base: FxMap<String, u64> = FxMap::default();
-            let mut v = Vec::new();
-            for line in text.lines() {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                let (Some(range), Some(perm), Some(off), Some(path)) = (f.first(), f.get(1), f.get(2), f.get(5)) else {
-                    continue;
-                };
-                let Some((a, b)) = range.split_once('-') else { continue };
-                let (Ok(a), Ok(b), Ok(off)) = (
-                    u64::from_str_radix(a, 16),
-                    u64::from_str_radix(b, 16),
-                    u64::from_str_radix(off, 16),
-                ) else {
-                    continue;
-                };
-                // The nearest mapping of the file's start below: a file may
-                // also be mapped whole elsewhere (read by a provider), and
-                // the first such mapping is not the image's base.
-                if off == 0 {
-                    base.insert(path.to_string(), a);
-                }
-                if perm.contains('x') && (path.starts_with('/') || path.starts_with('[')) {
-                    let bias = base.get(*path).copied().unwrap_or(a - off);
-                    v.push((a, b, Arc::from(*path), bias));
-                }
-            }
-            v
-        })
+/// The name of `pc`, outside instrumented functions: its symbol in the
+/// loaded module holding it (the runtime's own module list, whose symbol
+/// tables take a separate debug file's where it names more, as `perf
+/// report` does), else the module's file name in brackets (`[vdso]` for
+/// the kernel's, as perf calls it).
+fn symbol_name(modules: &crate::modules::Modules, pc: u64, program: &str) -> Arc<str> {
+    let Some(m) = modules.find(pc) else {
+        return Arc::from("[unknown]");
+    };
+    // The whole table, not `Module::function`'s first few passes over the
+    // file's own symbols: every sample is named from the same table.
+    if let Some(f) = m.symbols().containing(pc) {
+        return Arc::from(f.name.as_str());
     }
-
-    fn name(&mut self, pc: u64) -> Arc<str> {
-        let Some((_, _, path, bias)) = self.maps().iter().find(|m| (m.0..m.1).contains(&pc)).cloned() else {
-            return Arc::from("[unknown]");
-        };
-        if path.starts_with('[') {
-            // The vDSO and other kernel-made mappings, by their name.
-            return path;
-        }
-        let table = self.tables.entry(path.clone()).or_insert_with(|| {
-            let bytes = std::fs::read(&*path).ok()?;
-            let own = providers::elf::SymbolTable::from_elf(&bytes, bias).ok();
-            let debug = providers::elf::build_id(&bytes)
-                .and_then(|id| providers::elf::debug_file(&id))
-                .and_then(|p| std::fs::read(p).ok())
-                .and_then(|d| providers::elf::SymbolTable::from_elf(&d, bias).ok());
-            match (own, debug) {
-                (Some(o), Some(d)) if d.len() > o.len() => Some(d),
-                (Some(o), _) => Some(o),
-                (None, d) => d,
-            }
-        });
-        match table.as_ref().and_then(|t| t.containing(pc)) {
-            Some(f) => Arc::from(f.name.as_str()),
-            None => Arc::from(format!("[{}]", path.rsplit('/').next().unwrap_or(&path))),
-        }
+    if m.path.starts_with("linux-vdso") {
+        return Arc::from("[vdso]");
     }
+    let file = if m.path.is_empty() { program } else { m.path.as_str() };
+    Arc::from(format!("[{}]", file.rsplit('/').next().unwrap_or(file)))
 }
 
 /// `f`'s call estimate now (function `fi`): what its folded epochs say,
@@ -435,11 +381,7 @@ impl Symbolizer {
 /// while the program runs; at exit the last epoch is folded first).
 fn current_estimate(p: &Profiler, s: &super::schedule::Inner, f: &super::functions::Func, fi: u32) -> (f64, f64, bool) {
     let windowed = f.window.kind() == super::window::Kind::Windowed;
-    let live = if windowed {
-        0.0
-    } else {
-        p.stores().map(|t| t.calls.since_open(fi)).sum::<u64>() as f64
-    };
+    let live = if windowed { 0.0 } else { p.counted(fi) as f64 };
     // SAFETY: the caller holds the schedule's lock (`s`).
     unsafe { f.window.estimate_mut() }.calls(s.exposure.value(), windowed, live)
 }

@@ -282,9 +282,7 @@ fn arm(p: &Profiler, s: &Inner, fi: u32) -> bool {
     if f.window.kind() != Kind::Windowed {
         return false;
     }
-    for t in p.stores() {
-        t.calls.open(fi);
-    }
+    p.open_counts(fi);
     // Pairs with `super::switch_off`'s check.
     f.window.gen.fetch_add(1, Ordering::SeqCst);
     let mut toggles = 0;
@@ -347,7 +345,7 @@ fn close(p: &Profiler, s: &mut Inner, all: bool) {
         if f.window.kind() != Kind::Windowed {
             continue;
         }
-        let n: u64 = p.stores().map(|t| t.calls.since_open(w.fi)).sum();
+        let n = p.counted(w.fi);
         let x = end.x() - w.start.x();
         // Exposure is CPU time less the hooks' time, read at two moments:
         // in a window the hooks nearly filled, what is left can be noise

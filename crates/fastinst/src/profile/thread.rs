@@ -476,7 +476,7 @@ fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'sta
 mod tests {
     use super::*;
 
-    use crate::profile::test_rng::Rng;
+    use testkit::Rng;
 
     /// The path of `done` on `frames` as the module doc defines it, item by
     /// item, written independently of `segment`.

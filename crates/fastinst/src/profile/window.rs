@@ -332,7 +332,7 @@ impl Estimate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::test_rng::Rng;
+    use testkit::Rng;
 
     /// A program whose calls of one function arrive as a Poisson process of
     /// a rate that changes over time (`rate(t)`, per tick of exposure),

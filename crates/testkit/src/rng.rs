@@ -1,12 +1,12 @@
-//! The profiler's tests' one random generator: xorshift64*, seeded, so a
-//! test needs no crate and repeats exactly.
+//! The tests' one random generator: xorshift64*, seeded, so a test
+//! repeats exactly.
 
 /// xorshift64* from a non-zero seed.
-pub(crate) struct Rng(pub u64);
+pub struct Rng(pub u64);
 
 impl Rng {
     /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -14,18 +14,18 @@ impl Rng {
     }
 
     /// A uniform in [0, 1).
-    pub(crate) fn unit(&mut self) -> f64 {
+    pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// A uniform in [0, n) (`n` small: the modulo's bias is negligible).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
 
     /// A Poisson count of mean `lambda` (small means: Knuth's product of
     /// uniforms; large: a rounded normal, good enough for a test).
-    pub(crate) fn poisson(&mut self, lambda: f64) -> u64 {
+    pub fn poisson(&mut self, lambda: f64) -> u64 {
         if lambda <= 0.0 {
             return 0;
         }
