@@ -85,7 +85,7 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
     let include = if header.is_file() {
         libdir.to_path_buf()
     } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fastinst/include")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/include")
     };
     let write = |name: &str, text: String| -> Result<PathBuf> {
         let p = dir.join(name);

@@ -25,7 +25,7 @@ pub enum CliError {
         problem: String,
     },
     /// No `libfastinst.so` to preload.
-    #[error("libfastinst.so not found (looked at: {looked}); build it with `cargo build --release -p fastinst`, or pass --lib PATH or set FASTINST_LIB")]
+    #[error("libfastinst.so not found (looked at: {looked}); build it with `cargo build --release -p fastinst-preload`, or pass --lib PATH or set FASTINST_LIB")]
     NoLibrary {
         /// The places tried, comma-separated.
         looked: String,

@@ -1,9 +1,11 @@
 //! The Rust API.
 
-use crate::discovery::{with_state, Callback, MAX_CALLBACKS};
+use crate::code::ON;
+use crate::discovery::{with_state, Callback, DiscoveryGuard, MAX_CALLBACKS};
 use crate::error::{Error, Result};
 use crate::probe::{Handler, ProbeId, ProbeMeta};
-use crate::registry::{self, Probe, ON};
+use crate::registry::{self, Probe};
+use crate::stats::{self, Stats};
 use crate::toggle::set_code;
 use std::sync::atomic::Ordering;
 
@@ -17,11 +19,11 @@ fn probe(id: ProbeId) -> Result<&'static Probe> {
 /// discovery lock held: `f` may activate and deactivate probes, but must not
 /// register callbacks).
 pub fn on_discovery(f: impl Fn(&ProbeMeta) + Send + Sync + 'static) -> Result<()> {
-    register(Callback::Rust(Box::new(f)))
+    register(Callback(Box::new(f)))
 }
 
 pub(crate) fn register(cb: Callback) -> Result<()> {
-    if crate::hooks::IN_DISCOVERY.with(|d| d.get()) {
+    if DiscoveryGuard::held() {
         return Err(Error::InvalidArgument(
             "callbacks cannot be registered from a discovery callback".into(),
         ));
@@ -30,11 +32,11 @@ pub(crate) fn register(cb: Callback) -> Result<()> {
         if s.callbacks.len() >= MAX_CALLBACKS {
             return Err(Error::TooManyCallbacks(MAX_CALLBACKS));
         }
-        crate::hooks::IN_DISCOVERY.with(|d| d.set(true));
+        let in_discovery = DiscoveryGuard::enter();
         for p in registry::iter() {
             cb.call(&p.meta());
         }
-        crate::hooks::IN_DISCOVERY.with(|d| d.set(false));
+        drop(in_discovery);
         s.callbacks.push(cb);
         Ok(())
     })
@@ -133,4 +135,29 @@ pub fn probes() -> impl Iterator<Item = ProbeMeta> {
 /// unrecognised site. For a patched site that stays off, this stops growing.
 pub fn inactive_hits(id: ProbeId) -> Result<u64> {
     Ok(probe(id)?.inactive_hits.load(Ordering::Relaxed))
+}
+
+/// The runtime's counters now (C: `fastinst_get_stats`).
+pub fn stats() -> Stats {
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let sled = crate::sled::stats();
+    Stats {
+        size: std::mem::size_of::<Stats>() as u64,
+        probes: crate::registry::count() as u64,
+        unrecognised: l(&stats::UNRECOGNISED),
+        arg_rewritten: l(&stats::REWRITTEN),
+        tail_ambiguous: l(&stats::TAIL_AMBIGUOUS),
+        dropped_nested: l(&stats::DROPPED_NESTED),
+        dropped_in_discovery: l(&stats::DROPPED_IN_DISCOVERY),
+        discoveries: l(&stats::DISCOVERIES),
+        discovery_ticks: l(&stats::DISCOVERY_TICKS),
+        refused_full: l(&stats::FULL),
+        modules_ticks: l(&stats::MODULES_TICKS),
+        sled_load_ticks: l(&stats::SLED_LOAD_TICKS),
+        sled_functions: sled.functions,
+        sled_exits: sled.exits,
+        sled_shadow_full: sled.shadow_full,
+        sled_abandoned: sled.abandoned,
+        sled_restored: sled.restored,
+    }
 }

@@ -1,41 +1,63 @@
 //! The slow path: recognising a site on its first hook call, registering
 //! its probe, rewriting its argument load, and telling the callbacks.
 
-use crate::hooks::{hooks, LOW_LIMIT};
+use crate::code::ON;
 use crate::modules::{self, LiveMemory, Module, Modules};
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta, Provider};
-use crate::registry::{self, Probe, ON};
+use crate::registry::{self, Probe, Site};
 use crate::sitetable::{self, key};
 use crate::stats::{self, bump};
 use callpatch::CallSite;
 use parking_lot::Mutex;
 use providers::decode::Checkpoints;
-use providers::finstrument::{call_site_at, tail_sites, HookKind, HookSite};
+use providers::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks};
 use providers::{argload, Memory};
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A discovery callback.
-pub(crate) enum Callback {
-    Rust(Box<dyn Fn(&ProbeMeta) + Send + Sync>),
-    C(crate::capi::DiscoveryFn, usize),
-}
+/// A discovery callback (the C API's wraps its function pointer).
+pub(crate) struct Callback(pub(crate) Box<dyn Fn(&ProbeMeta) + Send + Sync>);
 
 impl Callback {
     pub(crate) fn call(&self, m: &ProbeMeta) {
-        match self {
-            Callback::Rust(f) => {
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(m))).is_err() {
-                    crate::log::error(format_args!("a discovery callback panicked on probe {}", m.id));
-                }
-            }
-            Callback::C(f, user) => {
-                let c = crate::capi::c_meta(m);
-                f(&c, *user as *mut libc::c_void)
-            }
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.0)(m))).is_err() {
+            crate::log::error(format_args!("a discovery callback panicked on probe {}", m.id));
         }
+    }
+}
+
+/// Largest value + 1 of the low tag encoding (from `vm.mmap_min_addr`);
+/// 0 disables it.
+pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Set while this thread runs discovery or its callbacks.
+    static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as running discovery (or its callbacks) for as long
+/// as it lives: hook calls it makes meanwhile are not discovered, and no
+/// callback may be registered from it.
+pub(crate) struct DiscoveryGuard(());
+
+impl DiscoveryGuard {
+    /// The guard, or `None` if this thread already runs discovery.
+    pub(crate) fn enter() -> Option<DiscoveryGuard> {
+        (!IN_DISCOVERY.with(|d| d.replace(true))).then_some(DiscoveryGuard(()))
+    }
+
+    /// Whether this thread runs discovery now.
+    pub(crate) fn held() -> bool {
+        IN_DISCOVERY.with(|d| d.get())
+    }
+}
+
+impl Drop for DiscoveryGuard {
+    fn drop(&mut self) {
+        IN_DISCOVERY.with(|d| d.set(false));
     }
 }
 
@@ -275,6 +297,8 @@ pub(crate) struct HookCall {
     /// whose `ret` differs from it came from a `call` of the hook, never
     /// from a tail jump.
     pub call_site: u64,
+    /// The hooks' addresses, which a recognised site must reach.
+    pub hooks: Hooks,
 }
 
 /// Discovers the probe hook call `call` belongs to. Holds the discovery
@@ -315,8 +339,8 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
         this_fn,
         ret,
         call_site,
+        hooks,
     } = call;
-    let hooks = hooks();
     let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
     match site {
         Ok(site) => {
@@ -438,8 +462,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         unloaded: AtomicBool::new(false),
         rewrite_at: AtomicU64::new(0),
         module,
-        site: call,
-        sled: None,
+        site: call.map_or(Site::Unrecognised, Site::Call),
         tool: AtomicU64::new(0),
         inactive_hits: AtomicU64::new(0),
     })?;

@@ -1,5 +1,6 @@
 //! The runtime's error type and its C status codes.
 
+use crate::c_abi::{Status, STATUSES};
 use crate::probe::ProbeId;
 
 /// Why a runtime operation failed. Each variant has a stable C status code
@@ -45,15 +46,20 @@ pub enum Error {
 impl Error {
     /// The C status code: 0 is success, errors are negative.
     pub fn code(&self) -> i32 {
-        match self {
-            Error::NoSuchProbe(_) => -1,
-            Error::Unloaded(_) => -2,
-            Error::NoSuchFunction(_) => -3,
-            Error::InvalidArgument(_) => -4,
-            Error::TooManyCallbacks(_) => -5,
-            Error::Patch { .. } | Error::WordPatch { .. } => -6,
-            Error::Internal(_) => -7,
-        }
+        self.status().code
+    }
+
+    /// Its entry in the C ABI's table of status codes.
+    pub fn status(&self) -> &'static Status {
+        &STATUSES[match self {
+            Error::NoSuchProbe(_) => 1,
+            Error::Unloaded(_) => 2,
+            Error::NoSuchFunction(_) => 3,
+            Error::InvalidArgument(_) => 4,
+            Error::TooManyCallbacks(_) => 5,
+            Error::Patch { .. } | Error::WordPatch { .. } => 6,
+            Error::Internal(_) => 7,
+        }]
     }
 }
 

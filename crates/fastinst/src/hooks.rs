@@ -9,18 +9,14 @@
 //! hook context are static TLS slots (`tls.rs`), so they work in
 //! threads that are exiting and in signal handlers.
 
+use crate::discovery::DiscoveryGuard;
 use crate::probe::ProbeId;
 use crate::registry;
 use crate::sitetable::{self, key};
 use crate::stats;
 use crate::tls::{self, guard_get, guard_set};
 use providers::finstrument::{HookKind, Hooks};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Largest value + 1 of the low tag encoding (from `vm.mmap_min_addr`);
-/// 0 disables it.
-pub(crate) static LOW_LIMIT: AtomicU64 = AtomicU64::new(0);
+use std::sync::atomic::Ordering;
 
 /// What a handler may ask about the hook that called it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,11 +72,6 @@ pub(crate) fn cfa(ctx: HookContext) -> Option<u64> {
         p += 8;
     }
     None
-}
-
-thread_local! {
-    /// Set while this thread runs discovery.
-    pub(crate) static IN_DISCOVERY: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The hook stubs. Unclocked: hand the return address and the stack to
@@ -177,7 +168,7 @@ extern "C" fn exit_clocked(this_fn: u64, call_site: u64, ret: u64, stack: u64, s
 /// the hook's time, for a hook that `started` (0: unclocked, nothing).
 #[inline(always)]
 fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, started: u64) -> usize {
-    let id = match providers::tag::decode(this_fn, LOW_LIMIT.load(Ordering::Relaxed)) {
+    let id = match providers::tag::decode(this_fn, crate::discovery::LOW_LIMIT.load(Ordering::Relaxed)) {
         Some(id) => id,
         None => match sitetable::get(key::ret(ret)) {
             Some(id) => id,
@@ -224,7 +215,7 @@ fn fire_inner(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
     let Some(p) = registry::get(id) else { return };
     let h = p.handler.load(Ordering::Acquire);
     if h == 0 {
-        if p.state.load(Ordering::Relaxed) & registry::ON == 0 {
+        if p.state.load(Ordering::Relaxed) & crate::code::ON == 0 {
             p.inactive_hits.fetch_add(1, Ordering::Relaxed);
         }
         return;
@@ -272,9 +263,9 @@ fn fire_inner(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
 #[inline]
 fn undiscovered_call(id: ProbeId, ret: u64, call_site: u64) -> bool {
     registry::get(id).is_some_and(|p| {
-        p.site.as_ref().is_some_and(|c| c.form().is_tail())
+        p.site.call().is_some_and(|c| c.form().is_tail())
             && (ret != call_site
-                || (p.state.load(Ordering::Relaxed) & registry::ON == 0
+                || (p.state.load(Ordering::Relaxed) & crate::code::ON == 0
                     && sitetable::get(key::tails_ambiguous(p.meta.function as u64)).is_none()))
     })
 }
@@ -290,24 +281,28 @@ fn slow(
     by_function: Option<ProbeId>,
     started: u64,
 ) -> usize {
-    if IN_DISCOVERY.with(|d| d.get()) || guard_get() {
+    if guard_get() {
         // A hook reached from discovery itself (a callback, a signal
         // handler that interrupted it) or from a handler: not discovered
         // now; the next call from outside discovers it.
         stats::bump(&stats::DROPPED_IN_DISCOVERY);
         return 0;
     }
-    IN_DISCOVERY.with(|d| d.set(true));
+    let Some(in_discovery) = DiscoveryGuard::enter() else {
+        stats::bump(&stats::DROPPED_IN_DISCOVERY);
+        return 0;
+    };
     let r = std::panic::catch_unwind(|| {
         let call = crate::discovery::HookCall {
             kind,
             this_fn,
             ret,
             call_site,
+            hooks: hooks(),
         };
         crate::discovery::discover(call, by_function)
     });
-    IN_DISCOVERY.with(|d| d.set(false));
+    drop(in_discovery);
     match r {
         // Discovery is the runtime's time too: the handler then starts
         // from the hook's own stamp.

@@ -22,10 +22,11 @@
 //! - **Registry**: probes never move and are never freed; reads are
 //!   lock-free. A probe in a library that is `dlclose`d is marked unloaded
 //!   and never touched again.
-//! - **Preload** (`libfastinst.so`): configured by `FASTINST_*` variables;
-//!   see the table in the README.
-//!
-//! The same API is exported to C (`include/fastinst.h`).
+//! - **Process** ([`process`]): starting from the `FASTINST_*` variables,
+//!   the reports at exit, `fork` and `dlclose`. The preload library
+//!   (`fastinst-preload`, `libfastinst.so`) is a thin `cdylib` around this
+//!   crate: its constructor, allocator, interposed `dlopen`/`dlclose` and
+//!   the C API of `fastinst.h`, whose data ([`c_abi`]) is defined here.
 //!
 //! # Example
 //!
@@ -57,43 +58,40 @@
 //! ```
 
 pub mod api;
-pub mod capi;
+pub mod c_abi;
 pub mod clock;
+mod code;
 mod discovery;
+mod env;
 pub mod error;
-mod heap;
+pub mod hookcost;
 pub mod hooks;
 pub mod log;
+pub mod mapping;
 pub mod modules;
 mod prefetch;
-mod preload;
 pub mod probe;
+pub mod process;
 pub mod profile;
 mod rawthread;
 pub mod registry;
 mod segmented;
 pub mod sitetable;
 pub mod sled;
-mod spin;
+pub mod spin;
 pub mod stats;
 mod tls;
 mod toggle;
 pub mod tools;
 mod trace;
 
-/// While the program runs, every allocation of this library's Rust code
-/// comes from its own mappings, not from the program's `malloc` heap (see
-/// [`heap`]).
-#[global_allocator]
-static HEAP: heap::Heap = heap::Heap;
-
 pub use api::{
     activate, activate_function, deactivate, deactivate_function, handler, inactive_hits, is_active, on_discovery,
-    probe_count, probe_meta, probes,
+    probe_count, probe_meta, probes, stats,
 };
+pub use code::{set_strategy, strategy};
 pub use discovery::MAX_CALLBACKS;
 pub use error::{Error, Result};
 pub use probe::{Handler, ProbeId, ProbeKind, ProbeMeta, Provider, Strategy};
 pub use providers::finstrument::SiteForm;
-pub use stats::{stats, Stats};
-pub use toggle::{set_strategy, strategy};
+pub use stats::Stats;

@@ -52,11 +52,16 @@ impl Strategy {
 
     /// Its name: `flip`, `paper`, `word-sync`, `word-async`.
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("ASCII names")
+    }
+
+    /// Its name as the C API returns it (`fastinst_strategy`).
+    pub fn c_name(self) -> &'static CStr {
         match self {
-            Strategy::Flip => "flip",
-            Strategy::Paper => "paper",
-            Strategy::WordSync => "word-sync",
-            Strategy::WordAsync => "word-async",
+            Strategy::Flip => c"flip",
+            Strategy::Paper => c"paper",
+            Strategy::WordSync => c"word-sync",
+            Strategy::WordAsync => c"word-async",
         }
     }
 

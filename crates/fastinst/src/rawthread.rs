@@ -75,7 +75,7 @@ fn set_mask(mask: u64) -> u64 {
 /// allows, and `arg` must stay valid for as long as the thread runs.
 pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: usize) -> io::Result<i32> {
     let page = 4096;
-    let guard_and_stack = crate::heap::map(page + STACK, libc::PROT_NONE)?;
+    let guard_and_stack = crate::mapping::map(page + STACK, libc::PROT_NONE)?;
     // SAFETY: the stack part of the mapping just made; the first page
     // stays PROT_NONE, a guard against overflow.
     if unsafe {
@@ -96,7 +96,7 @@ pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: u
     // a slip into a neighbouring module's TLS lands in this block, not in
     // another thread's memory or an unmapped page.
     let below = tls_depth.div_ceil(page) * page + (1 << 20);
-    let block = crate::heap::map(below + TCB, libc::PROT_READ | libc::PROT_WRITE)?;
+    let block = crate::mapping::map(below + TCB, libc::PROT_READ | libc::PROT_WRITE)?;
     let tp = block + below;
     // SAFETY: `tp` is the start of the TCB page of the block just mapped;
     // the words written are glibc's x86-64 `tcbhead_t` fields: tcb (self),

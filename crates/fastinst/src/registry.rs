@@ -6,8 +6,10 @@
 //! hook fast path, any API call) does two loads and no locking; a probe,
 //! once published, stays at its address for the life of the process.
 
+use crate::code::ON;
 use crate::probe::{ProbeId, ProbeMeta};
 use crate::segmented::Segmented;
+use crate::sled::site::Sled;
 use callpatch::CallSite;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
@@ -17,8 +19,28 @@ pub const SEGMENT: usize = crate::segmented::SEG;
 /// Most probes one process can have.
 pub const MAX_PROBES: usize = SEGMENT * SEGMENTS;
 
-/// Code state bits of [`Probe::state`].
-pub(crate) const ON: u8 = 0x80;
+/// Where a probe's code is.
+pub(crate) enum Site {
+    /// Not recognised: never patched; while the probe is off its hook calls
+    /// are dropped.
+    Unrecognised,
+    /// A hook call or tail jump (`-finstrument-functions`), switched with
+    /// callpatch or wordpatch.
+    Call(CallSite),
+    /// A function's sled (`-fpatchable-function-entry`), shared by its entry
+    /// and exit probe.
+    Sled(&'static Sled),
+}
+
+impl Site {
+    /// The hook call's view, for a [`Site::Call`].
+    pub(crate) fn call(&self) -> Option<&CallSite> {
+        match self {
+            Site::Call(c) => Some(c),
+            _ => None,
+        }
+    }
+}
 
 /// One probe: immutable metadata plus the atomics the runtime toggles.
 ///
@@ -37,12 +59,8 @@ pub struct Probe {
     /// A word for the built-in tools (the profiler's function index, the
     /// `count` tool's counter).
     pub(crate) tool: AtomicU64,
-    /// The callpatch view of the site (None when unrecognised, and for
-    /// sled probes, whose site is `sled`).
-    pub(crate) site: Option<CallSite>,
-    /// The function's sled, shared by its entry and exit probe
-    /// (`-fpatchable-function-entry` probes only).
-    pub(crate) sled: Option<&'static crate::sled::Sled>,
+    /// Where its code is, and how it is switched.
+    pub(crate) site: Site,
     /// Address of the `this_fn` load rewritten to pass the id (0 if none).
     pub(crate) rewrite_at: AtomicU64,
     /// Hook calls that reached this probe while it was inactive (the call
@@ -121,7 +139,7 @@ pub(crate) fn prefetch_code_for_activation(id: ProbeId) {
     if p.state.load(Ordering::Relaxed) & ON != 0 {
         return;
     }
-    if let Some(sled) = p.sled {
+    if let Site::Sled(sled) = p.site {
         crate::prefetch::object(sled);
     }
     if p.meta.site != 0 {

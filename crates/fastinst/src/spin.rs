@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Spins until this thread holds `lock`.
 #[inline]
-pub(crate) fn acquire(lock: &AtomicBool) {
+pub fn acquire(lock: &AtomicBool) {
     while lock
         .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_err()
@@ -18,7 +18,7 @@ pub(crate) fn acquire(lock: &AtomicBool) {
 
 /// Gives `lock` back.
 #[inline]
-pub(crate) fn release(lock: &AtomicBool) {
+pub fn release(lock: &AtomicBool) {
     lock.store(false, Ordering::Release);
 }
 

@@ -74,31 +74,6 @@ impl Stats {
     }
 }
 
-/// The counters now.
-pub fn stats() -> Stats {
-    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let sled = crate::sled::stats();
-    Stats {
-        size: std::mem::size_of::<Stats>() as u64,
-        probes: crate::registry::count() as u64,
-        unrecognised: l(&UNRECOGNISED),
-        arg_rewritten: l(&REWRITTEN),
-        tail_ambiguous: l(&TAIL_AMBIGUOUS),
-        dropped_nested: l(&DROPPED_NESTED),
-        dropped_in_discovery: l(&DROPPED_IN_DISCOVERY),
-        discoveries: l(&DISCOVERIES),
-        discovery_ticks: l(&DISCOVERY_TICKS),
-        refused_full: l(&FULL),
-        modules_ticks: l(&MODULES_TICKS),
-        sled_load_ticks: l(&SLED_LOAD_TICKS),
-        sled_functions: sled.functions,
-        sled_exits: sled.exits,
-        sled_shadow_full: sled.shadow_full,
-        sled_abandoned: sled.abandoned,
-        sled_restored: sled.restored,
-    }
-}
-
 pub(crate) fn bump(a: &AtomicU64) {
     a.fetch_add(1, Ordering::Relaxed);
 }

@@ -1,42 +1,13 @@
 //! Switching one probe's code on and off with the chosen strategy.
 
+use crate::code::{strategy, word_store, ON};
 use crate::error::{Error, Result};
+use crate::probe::ProbeKind;
 use crate::probe::{ProbeId, Strategy};
-use crate::registry::{Probe, ON};
+use crate::registry::{self, Probe, Site};
+use crate::sled::site::Sled;
 use callpatch::{CallSite, Mode};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
-use wordpatch::{PatchOptions, Progress};
-
-static STRATEGY: AtomicU8 = AtomicU8::new(Strategy::Flip as u8);
-
-/// The strategy new deactivations use.
-pub fn strategy() -> Strategy {
-    Strategy::from_u8(STRATEGY.load(Ordering::Relaxed))
-}
-
-/// Sets the strategy new deactivations use. A probe that is off is switched
-/// back on with the inverse of the strategy that switched it off, so the
-/// strategy can change at any time.
-pub fn set_strategy(s: Strategy) {
-    if s == Strategy::WordAsync {
-        finisher();
-    }
-    STRATEGY.store(s as u8, Ordering::Relaxed);
-}
-
-fn finisher() {
-    static F: OnceLock<Option<wordpatch::Finisher>> = OnceLock::new();
-    F.get_or_init(|| match wordpatch::Finisher::spawn() {
-        Ok(f) => Some(f),
-        Err(e) => {
-            crate::log::warn(format_args!(
-                "no finisher thread ({e}): async patches finish at the next toggle or when a thread reaches them"
-            ));
-            None
-        }
-    });
-}
+use std::sync::atomic::Ordering;
 
 /// The inactive bytes of the wordpatch strategies: the whole call becomes a
 /// NOP of its length; a tail jump becomes `ret`.
@@ -62,52 +33,26 @@ fn word_patch(p: &Probe, site: &CallSite, new: &[u8], old: &[u8], async_: bool) 
     unsafe { word_store(p.meta.id, site.addr() as *mut u8, new, old, async_) }
 }
 
-/// Rewrites the instruction at `at` from `old` to `new` with wordpatch,
-/// synchronously or (`async_`) leaving a straddler to finish later, after
-/// any earlier async patch of the same site has finished.
-///
-/// # Safety
-/// `old` and `new` are whole, valid instructions of the same length at
-/// `at`, whose toggling the caller owns (it holds the lock that serialises
-/// it).
-pub(crate) unsafe fn word_store(id: ProbeId, at: *mut u8, new: &[u8], old: &[u8], async_: bool) -> Result<()> {
-    let opts = PatchOptions {
-        expected: Some(old),
-        wait: None,
-    };
-    // A previous async patch of this site may still be in flight.
-    while wordpatch::finish_patch(at) == Progress::InFlight {
-        std::hint::spin_loop();
-    }
-    // SAFETY: forwarded contract.
-    let r = unsafe {
-        if async_ {
-            wordpatch::start_patch(at, new, &opts).map(|_| ())
-        } else {
-            wordpatch::patch_with(at, new, &opts)
-        }
-    };
-    r.map_err(|source| Error::WordPatch { id, source })
-}
-
 /// Switches `p`'s code on or off. The caller holds the probe lock.
 /// Whether switching `p` on would take a word patch: its code is off in a
 /// form a word strategy wrote (or, for a sled, the sled's code is). The
 /// profiler's raw sampler, which must not enter libc, leaves those alone
 /// (a word patch may wait with a system call through libc).
 pub(crate) fn activation_needs_word_patch(p: &Probe) -> bool {
-    let code = match p.sled {
-        Some(sled) => sled.code.load(Ordering::Relaxed),
-        None if p.site.is_none() => return false,
-        None => p.state.load(Ordering::Relaxed),
+    let code = match p.site {
+        Site::Sled(sled) => sled.code.load(Ordering::Relaxed),
+        Site::Unrecognised => return false,
+        Site::Call(_) => p.state.load(Ordering::Relaxed),
     };
     code & ON == 0 && matches!(Strategy::from_u8(code & !ON), Strategy::WordSync | Strategy::WordAsync)
 }
 
 pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
-    if let Some(sled) = p.sled {
-        return crate::sled::set_code(p, sled, on);
-    }
+    let site = match &p.site {
+        Site::Sled(sled) => return set_sled_code(p, sled, on),
+        Site::Call(site) => Some(site),
+        Site::Unrecognised => None,
+    };
     let id = p.meta.id;
     if p.unloaded.load(Ordering::Acquire) {
         return Err(Error::Unloaded(id));
@@ -116,7 +61,7 @@ pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
     if (st & ON != 0) == on {
         return Ok(());
     }
-    let Some(site) = &p.site else {
+    let Some(site) = site else {
         // Unrecognised: never patched; the handler alone decides.
         p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
         return Ok(());
@@ -144,4 +89,66 @@ pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
     };
     p.state.store(new_state, Ordering::Relaxed);
     Ok(())
+}
+
+/// Switches sled probe `p` on or off; the sled's code follows "either probe
+/// on". The caller holds `p`'s lock.
+fn set_sled_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
+    let id = p.meta.id;
+    if p.unloaded.load(Ordering::Acquire) {
+        return Err(Error::Unloaded(id));
+    }
+    let _g = sled.lock();
+    let partner = if p.meta.kind == ProbeKind::Entry {
+        sled.entry + 1
+    } else {
+        sled.entry
+    };
+    let partner_on = registry::get(partner).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
+    let want = match (sled.follows_entry.load(Ordering::Relaxed), p.meta.kind) {
+        (false, _) => on || partner_on,
+        (true, ProbeKind::Entry) => on,
+        (true, ProbeKind::Exit) => partner_on,
+    };
+    let code = sled.code.load(Ordering::Relaxed);
+    if (code & ON != 0) != want {
+        if want {
+            sled.switch_on(id, code)?;
+        } else {
+            sled.switch_off(id)?;
+        }
+    }
+    p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Makes sled exit probe `exit` follow its entry probe (see the module
+/// doc): from now on the sled's code is on only while the entry probe is,
+/// so the exit probe, while on, sees the returns of exactly the calls that
+/// entered while the entry probe was on. Returns whether `exit` is a sled
+/// exit probe.
+///
+/// The latency profiler's exit probes are its consumers: once a function's
+/// sample quota is filled its entry probe goes off, and until then the
+/// exit probe had to keep the code on for its sampled calls still in
+/// flight, so every further call of the function went through both
+/// trampolines and the exit handler only to be dropped as unmatched
+/// (QuickJS: ~12,000 a run, its recursive interpreter's sampled calls
+/// outlasting whole windows).
+pub(crate) fn follow_entry(exit: ProbeId) -> bool {
+    let Some(p) = registry::get(exit) else { return false };
+    let (Site::Sled(sled), ProbeKind::Exit) = (&p.site, p.meta.kind) else {
+        return false;
+    };
+    let _p = p.lock();
+    let _s = sled.lock();
+    sled.follows_entry.store(true, Ordering::Relaxed);
+    let entry_on = registry::get(sled.entry).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
+    if !entry_on && sled.code.load(Ordering::Relaxed) & ON != 0 {
+        // On for the exit alone until now.
+        if let Err(e) = sled.switch_off(exit) {
+            crate::log::warn(format_args!("sled of probe {exit}: {e}"));
+        }
+    }
+    true
 }

@@ -46,31 +46,11 @@ extern "C" fn count_handler(id: ProbeId) {
     }
 }
 
-/// Whether tools measure the copies of functions that gcc's
-/// `-finstrument-functions` left inlined in other functions
-/// (`FASTINST_INLINED`, or its older name `FASTINST_PROFILE_INLINED`: `0`
-/// or `1`; default 0). Off, an inlined copy's probes are switched off at
-/// discovery and its time is its caller's, as in clang and sled builds of
-/// the same program; every tool follows the same setting, so the exact
-/// references count what the profiler estimates.
-pub fn inlined_from_env() -> bool {
-    for name in ["FASTINST_INLINED", "FASTINST_PROFILE_INLINED"] {
-        if let Ok(v) = std::env::var(name) {
-            match v.trim() {
-                "0" => return false,
-                "1" => return true,
-                _ => crate::log::error(format_args!("{name}: `{v}` is not 0 or 1; using 0")),
-            }
-        }
-    }
-    false
-}
-
 /// Installs the tool's discovery callback; `out` is where reports go.
 pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     match tool {
         Tool::Profile => crate::profile::install(out.to_path_buf()),
-        Tool::Trace => crate::trace::install(out, inlined_from_env()),
+        Tool::Trace => crate::trace::install(out, crate::env::inlined_from_env()),
         Tool::None => Ok(()),
         Tool::Off => crate::on_discovery(|m| {
             if let Err(e) = crate::deactivate(m.id) {
@@ -78,7 +58,7 @@ pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
             }
         }),
         Tool::Count => {
-            let inlined = inlined_from_env();
+            let inlined = crate::env::inlined_from_env();
             crate::on_discovery(move |m| count_discovered(m, inlined))
         }
     }

@@ -142,7 +142,7 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
     if fresh.is_err() {
         return Ok(());
     }
-    clock::start_clock();
+    crate::hookcost::start_clock();
     crate::on_discovery(discovered)
 }
 

@@ -1,6 +1,7 @@
 //! Function symbols of an ELF image, demangled (goblin, cpp_demangle,
 //! rustc-demangle).
 
+pub use crate::sections::ElfError;
 use crate::sections::Sections;
 use goblin::elf::section_header::SHT_SYMTAB;
 use goblin::elf::{sym, Elf};
@@ -21,14 +22,6 @@ impl Function {
     pub fn end(&self) -> u64 {
         self.start + self.size
     }
-}
-
-/// Why an ELF image could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    /// goblin refused it.
-    #[error("not a readable ELF file: {0}")]
-    Parse(#[from] goblin::error::Error),
 }
 
 /// The function symbols of one module, sorted by address.

@@ -10,12 +10,19 @@
 //! and a name is read from its string table only for the function symbols
 //! kept, with its bytes checked as UTF-8 one name at a time.
 
-use crate::elf::ElfError;
 use goblin::container::Ctx;
 use goblin::elf::reloc::RelocSection;
 use goblin::elf::section_header::{SectionHeader, SHT_DYNSYM, SHT_RELA, SHT_SYMTAB};
 use goblin::elf::sym::Symtab;
 use goblin::elf::Elf;
+
+/// Why an ELF image could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// goblin refused it.
+    #[error("not a readable ELF file: {0}")]
+    Parse(#[from] goblin::error::Error),
+}
 
 /// An ELF file's section headers, parsed once.
 pub struct Sections<'a> {

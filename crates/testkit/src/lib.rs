@@ -1,6 +1,6 @@
 //! Test support shared by the workspace's tests (a dev-dependency only): a
-//! child process run under a time limit, and a seeded random generator
-//! ([`Rng`]).
+//! child process run under a time limit, a seeded random generator
+//! ([`Rng`]), and a crate's module graph ([`modgraph`]).
 //!
 //! Every test that starts a program (a C test program, the `fastinst`
 //! command, the calibration or stress binaries) runs it through
@@ -9,6 +9,7 @@
 //! shows where each of its threads was, where a plain `Command::output`
 //! would hold the CI run until the CI's own limit, with nothing to read.
 
+pub mod modgraph;
 mod rng;
 pub use rng::Rng;
 

@@ -2,25 +2,11 @@
 
 use crate::inflight;
 use crate::patch::flush_pass;
+use crate::wakeup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::thread::{JoinHandle, Thread};
+use std::thread::JoinHandle;
 use std::time::Duration;
-
-static PARKED: AtomicBool = AtomicBool::new(false);
-static THREAD: Mutex<Option<Thread>> = Mutex::new(None);
-
-/// Wakes a parked finisher; a flag load when none is parked.
-pub(crate) fn wake() {
-    if PARKED.load(Ordering::Acquire) {
-        if let Ok(g) = THREAD.try_lock() {
-            if let Some(t) = g.as_ref() {
-                t.unpark();
-            }
-        }
-    }
-}
 
 /// Completes every asynchronous patch in flight, from its own thread, until
 /// dropped. It sleeps while nothing is in flight and is woken by
@@ -39,14 +25,12 @@ impl Finisher {
         let handle = std::thread::Builder::new()
             .name("wordpatch-finisher".into())
             .spawn(move || {
-                *THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+                wakeup::register();
                 while !s.load(Ordering::Acquire) {
                     if inflight::pending() == 0 {
-                        PARKED.store(true, Ordering::SeqCst);
-                        if inflight::pending() == 0 && !s.load(Ordering::Acquire) {
-                            std::thread::park_timeout(Duration::from_millis(5));
-                        }
-                        PARKED.store(false, Ordering::SeqCst);
+                        wakeup::park(Duration::from_millis(5), || {
+                            inflight::pending() == 0 && !s.load(Ordering::Acquire)
+                        });
                     } else {
                         flush_pass();
                         core::hint::spin_loop();

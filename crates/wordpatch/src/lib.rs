@@ -29,6 +29,7 @@
 
 mod code_bytes;
 mod config;
+mod default_wait;
 mod error;
 mod finisher;
 mod geometry;
@@ -39,10 +40,12 @@ mod sites;
 mod trap;
 pub mod tsc;
 mod wait;
+mod wakeup;
 mod writable;
 
 pub use code_bytes::CodeBytes;
 pub use config::{config_path, ConfigError, MachineConfig};
+pub use default_wait::{default_tmax, default_wait, set_default_wait, WaitSource};
 pub use error::Error;
 pub use finisher::Finisher;
 pub use geometry::{is_straddler, line_start, split, CACHE_LINE, MAX_PATCH_LEN};
@@ -51,5 +54,5 @@ pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, Pa
 pub use raw::{read_code, read_code_u64, store_in_line, store_plain, Mismatch};
 pub use sites::MAX_STRADDLER_SITES;
 pub use trap::{install_trap_handler, traps_handled};
-pub use wait::{default_tmax, default_wait, ensure_sync_core, set_default_wait, Wait, WaitSource, BUILTIN_TMAX};
+pub use wait::{ensure_sync_core, Wait, BUILTIN_TMAX};
 pub use writable::{forget_pages, make_writable, pages_tracked, PAGE_SIZE};

@@ -1,6 +1,7 @@
 //! The public patching operations: synchronous [`patch`], asynchronous
 //! [`start_patch`] / [`finish_patch`], and [`flush`].
 
+use crate::default_wait::default_wait_copy;
 use crate::error::Error;
 use crate::geometry::{is_straddler, MAX_PATCH_LEN};
 use crate::inflight::{self, Step, Ticket, INT3};
@@ -8,7 +9,7 @@ use crate::raw;
 use crate::sites;
 use crate::trap::ensure_installed;
 use crate::tsc;
-use crate::wait::{default_wait_copy, ensure_sync_core, Wait};
+use crate::wait::{ensure_sync_core, Wait};
 use crate::writable::make_writable;
 
 /// Options of one patch.
@@ -86,7 +87,7 @@ pub unsafe fn start_patch(site: *mut u8, new: &[u8], opts: &PatchOptions<'_>) ->
     Ok(match unsafe { start(site, new, opts)? } {
         Started::Done => Progress::Done,
         Started::InFlight(_) => {
-            crate::finisher::wake();
+            crate::wakeup::wake();
             Progress::InFlight
         }
     })

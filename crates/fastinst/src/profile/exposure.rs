@@ -17,7 +17,8 @@
 //! schedule's lock: when windows open and close and at epoch ends. A
 //! thread that has exited left its final reading in its store.
 
-use super::{Profiler, ThreadStore};
+use super::state::State;
+use super::store::ThreadStore;
 use std::sync::atomic::Ordering;
 
 /// The exposure clock's state (the schedule's lock holder only).
@@ -70,7 +71,7 @@ impl Exposure {
     /// share of a CPU the thread had since its last reading (a busy thread
     /// ran on meanwhile, a blocked one did not). The hooks' time is read at
     /// `at` itself, a hook in progress up to `at`.
-    pub(crate) fn advance(&mut self, p: &Profiler) -> Reading {
+    pub(crate) fn advance(&mut self, p: &State) -> Reading {
         let tpn = if self.tpn > 0.0 { self.tpn } else { 1.0 };
         for t in p.stores() {
             read_cpu(t);

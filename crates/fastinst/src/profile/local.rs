@@ -7,8 +7,9 @@
 //! the store is first reached and cleared by the destructor before the
 //! store can go, so a non-zero word always points at a live store.
 
+use super::profiler::get;
+use super::store::{Counters, ThreadStore};
 use super::thread::{Agg, Shadow};
-use super::{get, Counters, ThreadStore};
 use parking_lot::Mutex;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +27,7 @@ impl Drop for Local {
         if let Some(p) = get() {
             // Its calls still in flight end with it (a thread body that
             // called pthread_exit).
-            super::close_open_frames(p, &self.0, sh);
+            super::frames::close_open_frames(p, &self.0, sh);
         }
         self.0.exited.store(true, Ordering::Relaxed);
         super::exposure::end_thread(&self.0);

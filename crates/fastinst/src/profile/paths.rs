@@ -12,7 +12,11 @@
 //! when the sample is folded, a few samples after its line was prefetched.
 
 use super::table::{mix, OpenTable, Slot};
-use super::thread::{CALLER_TAG, GAP};
+
+/// Path items: a function index, or these markers.
+pub(crate) const GAP: u64 = u64::MAX;
+/// Tag of a caller named by its return address (an unsampled frame).
+pub(crate) const CALLER_TAG: u64 = 1 << 63;
 
 /// Node id of the empty path.
 pub(crate) const ROOT: u32 = 0;

@@ -4,8 +4,9 @@
 
 pub use fastinst_report::*;
 
-use super::thread::{FnAgg, FxMap, CALLER_TAG, GAP};
-use super::Profiler;
+use super::paths::{CALLER_TAG, GAP};
+use super::profiler::Profiler;
+use super::thread::{FnAgg, FxMap};
 use fastinst_report::pathtree::PathTree;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -246,7 +247,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     }
     let stack_rows = used_names(&names.names, names.tree.rows(&names.names));
 
-    let c = |field: fn(&super::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
+    let c = |field: fn(&super::store::Counters) -> &std::sync::atomic::AtomicU64| p.total(field);
     let wall_s = wall_ns / 1e9;
     let samples = c(|c| &c.samples);
     let toggles = c(|c| &c.toggles);

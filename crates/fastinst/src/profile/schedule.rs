@@ -36,8 +36,9 @@
 //! see `crates/benches/results/accuracy.md`.)
 
 use super::exposure::{Exposure, Reading};
+use super::state::State;
 use super::window::Kind;
-use super::{on_entry, Profiler};
+use crate::probe::Handler;
 use crate::registry;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,6 +100,8 @@ pub(crate) struct Win {
 }
 
 pub(crate) struct Inner {
+    /// The handler an open window's entry probes call.
+    entry: Handler,
     /// The epoch the windows are for, and whether it counts.
     pub epoch: u32,
     pub counting: bool,
@@ -119,11 +122,14 @@ pub(crate) struct Inner {
     order: Vec<(u32, f64, f64)>,
 }
 
-impl Default for Schedule {
-    fn default() -> Self {
+impl Schedule {
+    /// An empty schedule whose windows switch entry probes on with `entry`
+    /// (the profiler's entry handler).
+    pub(crate) fn new(entry: Handler) -> Self {
         Schedule {
             lock: AtomicBool::new(false),
             inner: UnsafeCell::new(Inner {
+                entry,
                 epoch: 0,
                 counting: false,
                 raw: false,
@@ -192,7 +198,7 @@ pub(crate) fn idle(s: &mut Inner, epoch: u32) {
 
 /// The sampler's wake-up in a counting epoch: closes the windows whose
 /// time is up, then opens those whose time has come and that fit.
-pub(crate) fn wake(p: &Profiler, s: &mut Inner) {
+pub(crate) fn wake(p: &State, s: &mut Inner) {
     if !s.counting {
         return;
     }
@@ -277,7 +283,7 @@ pub(crate) fn wake(p: &Profiler, s: &mut Inner) {
 
 /// Switches function `fi`'s entry probes on and marks its counters for a
 /// window; whether it is armed.
-fn arm(p: &Profiler, s: &Inner, fi: u32) -> bool {
+fn arm(p: &State, s: &Inner, fi: u32) -> bool {
     let Some(f) = p.funcs.get(fi) else { return false };
     if f.window.kind() != Kind::Windowed {
         return false;
@@ -299,7 +305,7 @@ fn arm(p: &Profiler, s: &Inner, fi: u32) -> bool {
             skipped = true;
             return;
         }
-        if crate::activate(id, on_entry).is_ok() {
+        if crate::activate(id, s.entry).is_ok() {
             toggles += 1;
         }
     });
@@ -314,7 +320,7 @@ fn arm(p: &Profiler, s: &Inner, fi: u32) -> bool {
 /// their counting stops, one reading of the clock ends them all, their
 /// probes go off, and each one's calls over its exposure join its
 /// function's estimate.
-fn close(p: &Profiler, s: &mut Inner, all: bool) {
+fn close(p: &State, s: &mut Inner, all: bool) {
     let now = tsc::now();
     let due = |w: &Win| all || w.until <= now;
     if !s.open.iter().any(due) {
@@ -366,16 +372,7 @@ fn close(p: &Profiler, s: &mut Inner, all: bool) {
 /// `len` ticks: its windows' times. The windowed functions' probes go off
 /// until their windows.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn plan(
-    p: &Profiler,
-    s: &mut Inner,
-    epoch: u32,
-    now: u64,
-    len: u64,
-    regions: usize,
-    tpn: f64,
-    rng: &mut u64,
-) {
+pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, regions: usize, tpn: f64, rng: &mut u64) {
     idle(s, epoch);
     s.counting = true;
     let threads = p
@@ -414,7 +411,7 @@ pub(crate) fn plan(
             if s.queue.len() >= MAX_PER_EPOCH {
                 break;
             }
-            let at = now + super::next_random(rng) % span;
+            let at = now + next_random(rng) % span;
             s.queue.push((at, fi, r, wlen));
             p.counters.windows_planned.fetch_add(1, Ordering::Relaxed);
         }
@@ -424,7 +421,7 @@ pub(crate) fn plan(
 
 /// Ends the counting epoch: open windows close now and the rest of the
 /// queue is dropped.
-pub(crate) fn finish(p: &Profiler, s: &mut Inner) {
+pub(crate) fn finish(p: &State, s: &mut Inner) {
     close(p, s, true);
     s.queue.clear();
     s.next = 0;
@@ -434,7 +431,7 @@ pub(crate) fn finish(p: &Profiler, s: &mut Inner) {
 impl Inner {
     /// Every windowed function folds the counting epoch just finished,
     /// which spanned exposure `[self.epoch_x, x_now)`.
-    pub(crate) fn fold(&mut self, p: &Profiler, x_now: f64) {
+    pub(crate) fn fold(&mut self, p: &State, x_now: f64) {
         let from = self.epoch_x;
         for &fi in &self.windowed {
             if let Some(f) = p.funcs.get(fi) {
@@ -443,4 +440,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// The sampler's generator (xorshift64), seeded by the clock on first use.
+pub(crate) fn next_random(rng: &mut u64) -> u64 {
+    if *rng == 0 {
+        *rng = tsc::now() | 1;
+    }
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng
 }

@@ -137,11 +137,6 @@ impl FnAgg {
     }
 }
 
-/// Path items: a function index, or these markers.
-pub(crate) const GAP: u64 = u64::MAX;
-/// Tag of a caller named by its return address (an unsampled frame).
-pub(crate) const CALLER_TAG: u64 = 1 << 63;
-
 pub(crate) use fastinst_report::fx::FxMap;
 
 /// Samples a thread logs before it folds them into its aggregates.
@@ -475,7 +470,7 @@ fn segment(prev: Option<&Frame>, fr: &Frame, func: &impl Fn(u32) -> Option<&'sta
 #[cfg(test)]
 mod tests {
     use super::*;
-
+    use crate::profile::paths::{CALLER_TAG, GAP};
     use testkit::Rng;
 
     /// The path of `done` on `frames` as the module doc defines it, item by

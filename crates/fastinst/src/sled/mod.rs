@@ -28,21 +28,21 @@
 //! `-finstrument-functions` provider.
 
 pub(crate) mod shadow;
-mod site;
+pub(crate) mod site;
 pub mod trampoline;
 mod unwind;
 
-pub(crate) use site::{follow_entry, set_code, Sled};
 pub use trampoline::{vector_width, VectorWidth};
 
-use crate::discovery::{with_state, State};
+use crate::discovery::{with_state, DiscoveryGuard, State};
 use crate::modules::{LiveMemory, Module};
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta, Provider};
-use crate::registry::{self, Probe};
+use crate::registry::{self, Probe, Site};
 use crate::sitetable::{self, key};
 use callpatch::{CallSite, Form};
 use providers::finstrument::SiteForm;
 use providers::patchable::{self, SledError, SLED_LEN};
+use site::Sled;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -288,8 +288,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                 unloaded: AtomicBool::new(false),
                 rewrite_at: AtomicU64::new(0),
                 module: m.index,
-                site: None,
-                sled: Some(sled),
+                site: Site::Sled(sled),
                 tool: AtomicU64::new(0),
                 inactive_hits: AtomicU64::new(0),
             });
@@ -371,11 +370,10 @@ pub(crate) fn watch_after_fork() {
 fn announce(s: &State, id: ProbeId) {
     let Some(p) = registry::get(id) else { return };
     let meta = p.meta();
-    crate::hooks::IN_DISCOVERY.with(|d| d.set(true));
+    let _in_discovery = DiscoveryGuard::enter();
     for cb in &s.callbacks {
         cb.call(&meta);
     }
-    crate::hooks::IN_DISCOVERY.with(|d| d.set(false));
 }
 
 #[cfg(test)]

@@ -45,11 +45,27 @@
 //! threads) while exit probes are on. A return that finds no entry cannot be
 //! continued; the process is stopped with a message saying so.
 
+use crate::code::ON;
 use crate::hooks;
-use crate::registry::{self, ON};
-use std::sync::atomic::{compiler_fence, AtomicU64, Ordering};
+use crate::registry;
+use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize, Ordering};
 
-use super::trampoline;
+/// Where substituted return addresses point: the exit trampoline of the
+/// machine's vector width, chosen once by `trampoline` before any stub is
+/// made.
+static RETURN: AtomicUsize = AtomicUsize::new(0);
+
+/// The address substituted return addresses point at. Constant once any
+/// stub exists.
+#[inline(always)]
+pub(crate) fn return_addr() -> u64 {
+    RETURN.load(Ordering::Relaxed) as u64
+}
+
+/// Sets [`return_addr`] (the trampolines, once, before any stub exists).
+pub(crate) fn set_return_addr(addr: usize) {
+    RETURN.store(addr, Ordering::Relaxed);
+}
 
 /// Shadow entries per thread.
 pub const CAPACITY: usize = 8191;
@@ -123,7 +139,7 @@ fn stack_or_alloc() -> *mut Stack {
         return s;
     }
     // Zero-filled, so top = 0.
-    let Ok(p) = crate::heap::map(BYTES, libc::PROT_READ | libc::PROT_WRITE) else {
+    let Ok(p) = crate::mapping::map(BYTES, libc::PROT_READ | libc::PROT_WRITE) else {
         return std::ptr::null_mut();
     };
     let p = p as *mut libc::c_void;
@@ -233,7 +249,7 @@ pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) -> us
     // holds the function's return address.
     let ret = unsafe { slot.read() };
     let cfa = slot as u64 + 8;
-    let tramp = trampoline::return_addr();
+    let tramp = return_addr();
     let chained = ret == tramp;
     let caller = if chained {
         let s = tls_get();
@@ -265,7 +281,7 @@ fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
     if crate::tls::take_exit_declined() {
         return;
     }
-    let tramp = trampoline::return_addr();
+    let tramp = return_addr();
     // The clock's calibration probe has no record; its exit is watched.
     if id != CALIBRATION_ID {
         let Some(x) = registry::get(id + 1) else { return };
@@ -344,7 +360,7 @@ fn sled_return_inner(cfa: u64, started: u64) -> u64 {
         )
     };
     let e = entry(s, i);
-    let caller = if e.orig == trampoline::return_addr() {
+    let caller = if e.orig == return_addr() {
         chained_caller(s, cfa, i)
     } else {
         e.orig
@@ -373,7 +389,7 @@ pub(crate) fn restore_all() {
     if s.is_null() {
         return;
     }
-    let tramp = trampoline::return_addr();
+    let tramp = return_addr();
     let here = &tramp as *const u64 as u64;
     for i in (0..top(s)).rev() {
         let mut e = entry(s, i);

@@ -4,7 +4,7 @@
 //! The sled's code is on while either probe is on: the entry trampoline
 //! runs the entry probe's handler if it has one and substitutes the return
 //! address if the exit probe is on. A tool may instead make the exit probe
-//! follow the entry ([`follow_entry`]): the code is then on only while the
+//! follow the entry (`toggle::follow_entry`): the code is then on only while the
 //! entry probe is, and the exit probe, while on, sees the returns of the
 //! calls that entered then (their return addresses were substituted on
 //! entry), however long after, and of no others. Each probe's own state is
@@ -23,9 +23,9 @@
 //!   protocol when the sled straddles a line), which is also the state
 //!   every sled starts in.
 
+use crate::code::ON;
 use crate::error::{Error, Result};
-use crate::probe::{ProbeId, ProbeKind, Strategy};
-use crate::registry::{self, Probe, ON};
+use crate::probe::{ProbeId, Strategy};
 use callpatch::{CallSite, Mode};
 use providers::patchable::SLED_LEN;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -40,12 +40,12 @@ pub(crate) struct Sled {
     pub call: CallSite,
     /// `ON`, or the strategy that switched the code off.
     pub code: AtomicU8,
-    /// The code follows the entry probe alone ([`follow_entry`]).
-    follows_entry: AtomicBool,
+    /// The code follows the entry probe alone (`toggle::follow_entry`).
+    pub follows_entry: AtomicBool,
     lock: AtomicBool,
 }
 
-struct Guard<'a>(&'a AtomicBool);
+pub(crate) struct Guard<'a>(&'a AtomicBool);
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
@@ -65,7 +65,7 @@ impl Sled {
         }
     }
 
-    fn lock(&self) -> Guard<'_> {
+    pub(crate) fn lock(&self) -> Guard<'_> {
         crate::spin::acquire(&self.lock);
         Guard(&self.lock)
     }
@@ -74,10 +74,10 @@ impl Sled {
         // SAFETY: the sled is one 5-byte instruction this runtime owns
         // (normalised at registration; the sled lock is held); `old` and
         // `new` are its NOP and the call to its stub.
-        unsafe { crate::toggle::word_store(id, self.call.addr() as *mut u8, new, old, async_) }
+        unsafe { crate::code::word_store(id, self.call.addr() as *mut u8, new, old, async_) }
     }
 
-    fn switch_on(&self, id: ProbeId, code: u8) -> Result<()> {
+    pub(crate) fn switch_on(&self, id: ProbeId, code: u8) -> Result<()> {
         match Strategy::from_u8(code) {
             Strategy::Flip | Strategy::Paper => {
                 self.call.activate().map_err(|source| Error::Patch { id, source })?;
@@ -90,8 +90,8 @@ impl Sled {
         Ok(())
     }
 
-    fn switch_off(&self, id: ProbeId) -> Result<()> {
-        let s = match crate::strategy() {
+    pub(crate) fn switch_off(&self, id: ProbeId) -> Result<()> {
+        let s = match crate::code::strategy() {
             Strategy::Flip | Strategy::Paper => match self.call.deactivate(Mode::Paper) {
                 Ok(()) => Strategy::Paper,
                 Err(callpatch::Error::NoTrampoline { .. }) => {
@@ -108,66 +108,4 @@ impl Sled {
         self.code.store(s as u8, Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// Switches sled probe `p` on or off; the sled's code follows "either probe
-/// on". The caller holds `p`'s lock.
-pub(crate) fn set_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
-    let id = p.meta.id;
-    if p.unloaded.load(Ordering::Acquire) {
-        return Err(Error::Unloaded(id));
-    }
-    let _g = sled.lock();
-    let partner = if p.meta.kind == ProbeKind::Entry {
-        sled.entry + 1
-    } else {
-        sled.entry
-    };
-    let partner_on = registry::get(partner).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
-    let want = match (sled.follows_entry.load(Ordering::Relaxed), p.meta.kind) {
-        (false, _) => on || partner_on,
-        (true, ProbeKind::Entry) => on,
-        (true, ProbeKind::Exit) => partner_on,
-    };
-    let code = sled.code.load(Ordering::Relaxed);
-    if (code & ON != 0) != want {
-        if want {
-            sled.switch_on(id, code)?;
-        } else {
-            sled.switch_off(id)?;
-        }
-    }
-    p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Makes sled exit probe `exit` follow its entry probe (see the module
-/// doc): from now on the sled's code is on only while the entry probe is,
-/// so the exit probe, while on, sees the returns of exactly the calls that
-/// entered while the entry probe was on. Returns whether `exit` is a sled
-/// exit probe.
-///
-/// The latency profiler's exit probes are its consumers: once a function's
-/// sample quota is filled its entry probe goes off, and until then the
-/// exit probe had to keep the code on for its sampled calls still in
-/// flight, so every further call of the function went through both
-/// trampolines and the exit handler only to be dropped as unmatched
-/// (QuickJS: ~12,000 a run, its recursive interpreter's sampled calls
-/// outlasting whole windows).
-pub(crate) fn follow_entry(exit: ProbeId) -> bool {
-    let Some(p) = registry::get(exit) else { return false };
-    let (Some(sled), ProbeKind::Exit) = (p.sled, p.meta.kind) else {
-        return false;
-    };
-    let _p = p.lock();
-    let _s = sled.lock();
-    sled.follows_entry.store(true, Ordering::Relaxed);
-    let entry_on = registry::get(sled.entry).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
-    if !entry_on && sled.code.load(Ordering::Relaxed) & ON != 0 {
-        // On for the exit alone until now.
-        if let Err(e) = sled.switch_off(exit) {
-            crate::log::warn(format_args!("sled of probe {exit}: {e}"));
-        }
-    }
-    true
 }

@@ -337,7 +337,6 @@ fn pick() -> (usize, usize) {
 }
 
 static ENTER: AtomicUsize = AtomicUsize::new(0);
-static RETURN: AtomicUsize = AtomicUsize::new(0);
 
 /// The entry trampoline stubs jump to.
 pub(crate) fn enter_addr() -> usize {
@@ -345,17 +344,10 @@ pub(crate) fn enter_addr() -> usize {
     ENTER.load(Ordering::Relaxed)
 }
 
-/// The address substituted return addresses point at. Constant once any
-/// stub exists (they are made after [`init`]).
-#[inline(always)]
-pub(crate) fn return_addr() -> u64 {
-    RETURN.load(Ordering::Relaxed) as u64
-}
-
 fn init() {
     if ENTER.load(Ordering::Acquire) == 0 {
         let (e, r) = pick();
-        RETURN.store(r, Ordering::Relaxed);
+        shadow::set_return_addr(r);
         ENTER.store(e, Ordering::Release);
     }
 }

@@ -1,74 +1,33 @@
-//! What `LD_PRELOAD=libfastinst.so` does: read the environment, start the
-//! tool and the client, write reports at exit, keep working across fork
-//! and `dlclose`.
-//!
-//! The variables it reads, their values and defaults are listed once, in
-//! the README's table of settings; each is parsed where it is used
-//! (`tools`, `profile::Settings::from_env`, `wordpatch`), and an invalid
-//! value is reported on stderr and its default used.
+//! The process around the runtime: starting it from the environment,
+//! ending it with the tool's reports, keeping it whole across `fork`, and
+//! the library events it must see (`dlopen`, `dlclose`). The preload
+//! library (`fastinst-preload`) calls these from its constructor, its
+//! `atexit` and `pthread_atfork` handlers and its interposed `dlopen` and
+//! `dlclose`; a program that links this crate directly may call them too.
 
 use crate::discovery::{forget_modules, with_state, STATE};
+use crate::env::{env, parse_or_warn};
 use crate::log;
 use crate::probe::Strategy;
 use crate::registry;
 use crate::tools::{self, Tool};
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 static TOOL: AtomicU8 = AtomicU8::new(0);
 static OUT: OnceLock<PathBuf> = OnceLock::new();
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-fn parse_or_warn<T: std::str::FromStr<Err = String>>(name: &str, default: T) -> T {
-    match env(name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|e| {
-            log::error(format_args!("{name}: {e}; using the default"));
-            default
-        }),
-    }
-}
-
-/// True when this code runs from a shared object (the preload library),
-/// not linked into the executable.
-fn in_shared_object() -> bool {
-    let mut ours: libc::Dl_info = unsafe_zeroed();
-    let mut main: libc::Dl_info = unsafe_zeroed();
-    // SAFETY: dladdr only reads the address and fills the struct.
-    let a = unsafe { libc::dladdr(ctor as *const c_void, &mut ours) };
-    // SAFETY: getauxval has no preconditions.
-    let phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
-    // SAFETY: as above.
-    let b = unsafe { libc::dladdr(phdr as *const c_void, &mut main) };
-    a != 0 && b != 0 && ours.dli_fbase != main.dli_fbase
-}
-
-fn unsafe_zeroed() -> libc::Dl_info {
-    libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    }
-}
-
-extern "C" fn ctor() {
-    if !in_shared_object() {
-        return;
-    }
-    let _ = std::panic::catch_unwind(start);
-}
-
-#[used]
-#[link_section = ".init_array"]
-static CTOR: extern "C" fn() = ctor;
-
-fn start() {
+/// Starts the runtime as `LD_PRELOAD=libfastinst.so` does, configured by
+/// the `FASTINST_*` variables (`docs/configuration.md`): log level,
+/// strategy, tool, output directory, sleds, client. A program that links
+/// this crate instead of preloading the library may call it once, early.
+/// It never fails: an invalid setting is reported on stderr and its
+/// default used. It does not register [`finish`] or the fork handlers:
+/// the caller does (the preload library with `atexit` and
+/// `pthread_atfork`).
+pub fn start_from_env() {
     let began = wordpatch::tsc::now();
     if let Some(l) = env("FASTINST_LOG") {
         match log::parse_level(&l) {
@@ -109,11 +68,6 @@ fn start() {
         }
     };
     let _ = OUT.set(out);
-    // SAFETY: the three handlers are async-signal-safe enough for fork:
-    // they only take and release locks this library owns.
-    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    // SAFETY: at_exit is a plain extern "C" fn.
-    unsafe { libc::atexit(at_exit) };
     let ticks = crate::discovery::init();
     crate::stats::MODULES_TICKS.fetch_add(ticks, Ordering::Relaxed);
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
@@ -180,10 +134,9 @@ fn load_client(path: &str) {
     }
 }
 
-extern "C" fn at_exit() {
-    // The program is done with its heap: the reports' many blocks come
-    // from the system allocator, which reuses memory better (see `heap`).
-    crate::heap::hand_over();
+/// Ends the run: logs the runtime's counters and writes the tool's reports
+/// (profile, trace or counts). Called once, at exit.
+pub fn finish() {
     let _ = std::panic::catch_unwind(|| {
         let s = crate::stats();
         if s.probes > 0 {
@@ -221,7 +174,9 @@ extern "C" fn at_exit() {
     });
 }
 
-extern "C" fn fork_prepare() {
+/// Before `fork`: takes every lock the runtime owns, so that none is held
+/// in the child (`pthread_atfork`'s `prepare`).
+pub fn fork_prepare() {
     // Nothing may hold the discovery lock or a probe lock in the child.
     std::mem::forget(STATE.lock());
     crate::profile::fork_prepare();
@@ -238,12 +193,15 @@ fn fork_release() {
     unsafe { STATE.force_unlock() };
 }
 
-extern "C" fn fork_parent() {
+/// After `fork`, in the parent: releases what [`fork_prepare`] took.
+pub fn fork_parent() {
     crate::profile::fork_parent();
     fork_release();
 }
 
-extern "C" fn fork_child() {
+/// After `fork`, in the child: releases the locks, then restarts what the
+/// child needs (the profiler's sampler, the sled watcher, fresh counts).
+pub fn fork_child() {
     // The child is this one thread until it returns from fork, so the locks
     // can go first: the profiler switches probes back on here.
     fork_release();
@@ -257,109 +215,23 @@ extern "C" fn fork_child() {
     }
 }
 
-/// Where `dlopen` and `dlmopen` go: glibc's, found once with `RTLD_NEXT`;
-/// 0 if the lookup failed.
-fn real_symbol(slot: &AtomicUsize, name: &CStr) -> usize {
-    let p = slot.load(Ordering::Acquire);
-    if p != 0 {
-        return p;
-    }
-    // SAFETY: RTLD_NEXT lookup of a libc symbol by a NUL-terminated name.
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-    slot.store(p, Ordering::Release);
-    p
-}
-
-/// Called by the `dlopen` stub before glibc's: a program with sleds gets
-/// its sled watcher now, when it first loads a library. Returns glibc's
-/// `dlopen` (0: none).
-extern "C" fn before_dlopen() -> usize {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
+/// Before a library is loaded (the preload library's `dlopen` and
+/// `dlmopen`): a program with sleds gets its sled watcher now, when it
+/// first loads a library ([`crate::sled`]).
+pub fn library_loading() {
     crate::sled::library_loading();
-    real_symbol(&REAL, c"dlopen")
 }
 
-/// As [`before_dlopen`], for `dlmopen`.
-extern "C" fn before_dlmopen() -> usize {
-    static REAL: AtomicUsize = AtomicUsize::new(0);
-    crate::sled::library_loading();
-    real_symbol(&REAL, c"dlmopen")
-}
-
-/// The body of the `dlopen`/`dlmopen` stubs: saves the argument registers
-/// (three pushes also align the stack for the call), calls `$before`,
-/// restores them and jumps to the function it returned, or returns NULL.
-macro_rules! dl_stub {
-    ($before:path) => {
-        core::arch::naked_asm!(
-            "push rdi",
-            "push rsi",
-            "push rdx",
-            "call {before}",
-            "pop rdx",
-            "pop rsi",
-            "pop rdi",
-            "test rax, rax",
-            "jz 2f",
-            "jmp rax",
-            "2:",
-            "xor eax, eax",
-            "ret",
-            before = sym $before,
-        )
-    };
-}
-
-/// Interposes `dlopen` so that the sled watcher thread starts only when a
-/// program loads a library ([`crate::sled`]): a thread of its own, even one
-/// that sleeps, switches glibc to its multi-threaded mode for good, with a
-/// locked instruction pair in every `malloc` and `free` that misses the
-/// thread cache (+1.4% instructions on QuickJS, 10-20% more CPU time in
-/// interleaved runs here).
-///
-/// A stub, not a Rust function: glibc resolves a relative name against the
-/// *caller's* `DT_RUNPATH` and `$ORIGIN`, which it finds from the return
-/// address. The stub keeps the caller's on the stack and jumps to glibc's
-/// `dlopen` after the call above, with the arguments as they came.
+/// `dlclose(handle)` through `real` (glibc's): the probes of a library
+/// that is unloaded are marked unloaded *before* its code goes away
+/// (toggles fail with `Unloaded` from then on) and their site keys and
+/// pages are forgotten. If the library stays loaded (other references),
+/// the marks are undone. Returns what `real` returned.
 ///
 /// # Safety
-/// As `dlopen(3)`.
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlopen(file: *const std::ffi::c_char, mode: c_int) -> *mut c_void {
-    dl_stub!(before_dlopen)
-}
-
-/// Interposes `dlmopen` as [`dlopen`] is.
-///
-/// # Safety
-/// As `dlmopen(3)`.
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlmopen(lmid: libc::Lmid_t, file: *const std::ffi::c_char, mode: c_int) -> *mut c_void {
-    dl_stub!(before_dlmopen)
-}
-
-type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-
-fn real_dlclose() -> Option<DlcloseFn> {
-    static REAL: OnceLock<usize> = OnceLock::new();
-    // SAFETY: RTLD_NEXT lookup of a libc symbol.
-    let p = *REAL.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlclose".as_ptr()) } as usize);
-    // SAFETY: a non-null `dlclose` symbol has this signature.
-    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlcloseFn>(p) })
-}
-
-/// Interposes `dlclose`: the probes of a library that is unloaded are
-/// marked unloaded *before* its code goes away (toggles fail with
-/// `Unloaded` from then on) and their site keys and pages are forgotten.
-/// If the library stays loaded (other references), the marks are undone.
-///
-/// # Safety
-/// As `dlclose(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
-    let Some(real) = real_dlclose() else { return -1 };
+/// As `dlclose(3)`: `handle` came from `dlopen`; `real` is glibc's
+/// `dlclose`.
+pub unsafe fn dlclose(real: unsafe extern "C" fn(*mut c_void) -> c_int, handle: *mut c_void) -> c_int {
     let mut lm: *mut libc::c_void = std::ptr::null_mut();
     // SAFETY: dlinfo with RTLD_DI_LINKMAP writes a `struct link_map *`.
     let bias = if unsafe { libc::dlinfo(handle, libc::RTLD_DI_LINKMAP, &mut lm as *mut _ as *mut c_void) } == 0
@@ -388,7 +260,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
         }
     };
     mark(true);
-    // SAFETY: forwarded.
+    // SAFETY: forwarded, as the caller's contract says.
     let rc = unsafe { real(handle) };
     let still = with_state(|s| {
         let gone = s.rescan();

@@ -10,10 +10,9 @@
 mod common;
 
 use common::{build, include_dir, require, scratch};
-use fastinst::capi::{fastinst_strerror, CProbeMeta};
+use fastinst::c_abi::{message, CProbeMeta, STATUSES};
 use fastinst::Error;
 use std::collections::BTreeMap;
-use std::ffi::CStr;
 use std::mem::{offset_of, size_of};
 
 /// `FASTINST_E*` and `FASTINST_OK` as the header defines them.
@@ -41,13 +40,10 @@ fn header_codes() -> BTreeMap<String, i32> {
     codes
 }
 
+/// What `fastinst_strerror` returns for `code` (it returns this table's
+/// message as it is).
 fn strerror(code: i32) -> String {
-    // SAFETY: fastinst_strerror returns a pointer to a static NUL-terminated
-    // string for every input.
-    unsafe { CStr::from_ptr(fastinst_strerror(code)) }
-        .to_str()
-        .unwrap()
-        .to_string()
+    message(code).to_str().unwrap().to_string()
 }
 
 #[test]
@@ -77,6 +73,8 @@ fn the_header_the_rust_errors_and_strerror_agree_on_every_code() {
     ];
     assert_eq!(h.get("FASTINST_OK"), Some(&0));
     assert_eq!(h.len(), 8, "the header's codes: {h:?}");
+    let table: BTreeMap<String, i32> = STATUSES.iter().map(|s| (s.name.to_string(), s.code)).collect();
+    assert_eq!(h, table, "the header (left) against the runtime's table (right)");
     for (name, e) in &rust {
         assert_eq!(h.get(*name), Some(&e.code()), "{name} against {e:?}");
     }

@@ -107,11 +107,11 @@ impl State {
     }
 
     fn acquire(&self) {
-        crate::spin::acquire(&self.lock);
+        fastinst::spin::acquire(&self.lock);
     }
 
     fn release(&self) {
-        crate::spin::release(&self.lock);
+        fastinst::spin::release(&self.lock);
     }
 
     fn with_lists<R>(&self, f: impl FnOnce(&mut Lists) -> R) -> R {
@@ -310,7 +310,7 @@ extern "C" fn fork_release() {
 /// From now on, new blocks come from the system allocator (at exit, before
 /// the reports: see the module doc). Blocks made before are still freed
 /// here.
-pub(crate) fn hand_over() {
+pub fn hand_over() {
     STATE.own.store(false, Ordering::Relaxed);
 }
 
@@ -320,33 +320,8 @@ fn class(layout: Layout) -> Option<usize> {
     (size <= MAX_SMALL).then(|| (size / MIN_BLOCK).trailing_zeros() as usize)
 }
 
-/// A fresh private anonymous mapping of `len` bytes with protection
-/// `prot`, zero-filled; the runtime's one way to memory of its own (this
-/// heap, the raw sampler's stack, the sled shadow stacks). It allocates
-/// nothing, not even for its error, so the allocator and signal handlers
-/// may call it.
-pub(crate) fn map(len: usize, prot: i32) -> std::io::Result<usize> {
-    // SAFETY: a fresh private anonymous mapping; no existing memory is
-    // touched.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(p as usize)
-    }
-}
-
 fn map_rw(len: usize) -> Option<usize> {
-    map(len, libc::PROT_READ | libc::PROT_WRITE).ok()
+    fastinst::mapping::map(len, libc::PROT_READ | libc::PROT_WRITE).ok()
 }
 
 fn unmap(p: usize, len: usize) {

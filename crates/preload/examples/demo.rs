@@ -4,7 +4,7 @@
 //! default tool, the latency profiler, and prints the profile and where the
 //! flame graph is.
 //!
-//! `cargo run --release -p fastinst --example demo`
+//! `cargo run --release -p fastinst-preload --example demo`
 
 use std::path::Path;
 use std::process::{Command, ExitCode};

@@ -1,5 +1,5 @@
 //! The README's main job, as a newcomer runs it: the `demo` example
-//! (`cargo run --release -p fastinst --example demo`), whose binary
+//! (`cargo run --release -p fastinst-preload --example demo`), whose binary
 //! `cargo test` builds beside this test. Its report must agree with what
 //! the demo itself prints: 200,000 requests, each one `handle`, one
 //! `lookup` and one `parse`, and `render` 7 times (a recursion 6 deep).

@@ -1,0 +1,86 @@
+//! The profile's reports: at exit, after the last fold, and on demand
+//! while the program runs.
+
+use super::frames::close_open_frames;
+use super::local::with_local;
+use super::profiler::{get, Profiler};
+use super::report;
+use super::state::counting_epoch;
+use super::window::Kind;
+use super::{cpusample, schedule};
+use crate::registry;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// The profiler stops: the running epoch ends now, so that the estimates
+/// are complete (the report at exit). Every function counted whole folds
+/// its count; windowed functions fold the counting epoch, or carry their
+/// last rate to now.
+pub(crate) fn final_fold(p: &'static Profiler) {
+    let mut s = p.schedule.hold();
+    let (ended, _) = crate::clock::period();
+    let counting = counting_epoch(ended) && s.counting;
+    if counting {
+        schedule::finish(p, &mut s);
+    }
+    let x_now = s.exposure.advance(p).x();
+    if counting {
+        s.fold(p, x_now);
+    }
+    schedule::idle(&mut s, ended);
+    for i in p.due.take(p.funcs.len()) {
+        let Some(f) = p.funcs.get(i) else { continue };
+        if f.window.kind() != Kind::Whole {
+            continue;
+        }
+        let n = p.take_counted(i);
+        // SAFETY: the schedule's lock is held.
+        unsafe { f.window.estimate_mut() }.counted += n as f64;
+    }
+}
+
+/// Writes the reports (at exit, or on the signal) and prints where.
+pub(crate) fn write_reports(on_demand: bool) {
+    let Some(p) = get() else { return };
+    if !on_demand {
+        p.stop.store(true, Ordering::Relaxed);
+    }
+    if registry::count() == 0 {
+        return;
+    }
+    let skipped = p.rearm_skipped.load(Ordering::Relaxed);
+    if skipped > 0 {
+        crate::log::warn(format_args!(
+            "profile: {skipped} re-activations skipped: those probes need a word patch, which the clone sampler does not make; FASTINST_PROFILE_SAMPLER=pthread samples them"
+        ));
+    }
+    if !on_demand {
+        cpusample::stop();
+        // This thread's calls still in flight (main's, at exit) end now.
+        with_local(|store, sh| close_open_frames(p, store, sh));
+        final_fold(p);
+    }
+    let began = Instant::now();
+    let r = report::collect(p);
+    crate::log::debug(format_args!("profile: report collected in {:?}", began.elapsed()));
+    let written = report::write_all(&r, &p.out);
+    crate::log::debug(format_args!(
+        "profile: report collected and written in {:?}",
+        began.elapsed()
+    ));
+    report::announce(
+        &format!(
+            "profile of {} functions ({} samples)",
+            r.functions.len(),
+            r.overhead.samples
+        ),
+        &p.out,
+        written,
+    );
+    if !on_demand {
+        // The process is exiting: handing the report's ~200,000 blocks
+        // (a name per frame per path) back to malloc one by one took ~1.5
+        // ms of SQLite's exit, for memory about to go anyway.
+        std::mem::forget(r);
+    }
+}

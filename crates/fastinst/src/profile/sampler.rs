@@ -1,0 +1,312 @@
+//! The sampler thread: it runs the epochs (timing, then counting), re-arms
+//! the probes, folds the threads' aggregates and wakes for on-demand
+//! reports.
+
+use super::functions::Func;
+use super::handlers::{exit_watch_changed, on_entry, on_exit};
+use super::profiler::{get, Profiler};
+use super::schedule::next_random;
+use super::settings::Sampler;
+use super::state::{counting_epoch, ticks_per_ns};
+use super::window::Kind;
+use super::{schedule, window};
+use crate::registry;
+use crate::Strategy;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Switches `f`'s probes that are off back on for the epoch starting,
+/// exits first so that no timed entry misses its exit; returns how many
+/// it switched. On the raw sampler (`raw`) a probe whose switch would take
+/// a word patch is left off and counted ([`Profiler::rearm_skipped`]).
+pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, timing: bool) -> u64 {
+    let mut toggles = 0;
+    for entry in [false, true] {
+        if entry {
+            // Pairs with the fence in `reopened`. A counting epoch times
+            // nothing: its quota is filled from the start.
+            f.exhausted.store(!timing, Ordering::SeqCst);
+            // Pairs with `switch_off`'s check.
+            f.window.gen.fetch_add(1, Ordering::SeqCst);
+        }
+        f.probes.for_each(|id, is_entry| {
+            if is_entry != entry || (!entry && !timing) {
+                return;
+            }
+            let h: crate::Handler = if entry { on_entry } else { on_exit };
+            if raw && registry::get(id).is_some_and(crate::toggle::activation_needs_word_patch) {
+                p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
+                if !entry {
+                    // Calls entered while it was off would otherwise look
+                    // watched from here on.
+                    exit_watch_changed(p, f);
+                }
+                toggles += 1;
+            }
+        });
+    }
+    toggles
+}
+
+/// Starts loading what re-arming the functions `due` touches, in stages,
+/// each reading only what the one before it loaded: each function's
+/// record (and the first line of its longer probe lists), then its
+/// probes' records, then the code (and sled) lines of those that are off.
+/// A function is re-armed once per epoch, so all of it is cold; one by
+/// one, each of ~100 functions per epoch waited for ~10 misses in turn.
+pub(super) fn prefetch_epoch(p: &Profiler, due: &[u32]) {
+    let funcs = || due.iter().filter_map(|&i| p.funcs.get(i));
+    for f in funcs() {
+        crate::prefetch::object(f);
+    }
+    for f in funcs() {
+        f.probes.prefetch_more();
+    }
+    for f in funcs() {
+        f.probes.for_each(|id, _| registry::prefetch_for_toggle(id));
+    }
+    for f in funcs() {
+        f.probes.for_each(|id, _| registry::prefetch_code_for_activation(id));
+    }
+}
+
+/// Functions the sampler re-arms per batch (its one buffer, sized once).
+pub(super) const BATCH: usize = 1024;
+
+/// One tick of the sampler: the epoch that was running ends now, and the
+/// next, of about `len` ticks, begins. Counting and timing epochs
+/// alternate ([`counting_epoch`]).
+///
+/// Ending a counting epoch, its windows that are still open close now and
+/// every windowed function folds the epoch ([`window`]); one whose rate
+/// now predicts few calls an epoch goes back to being counted whole.
+/// Every function counted whole that was called folds its count, and goes
+/// windowed if the epoch held many calls. Then the next epoch is armed:
+/// a counting epoch's windows are planned ([`schedule::plan`]); in a
+/// timing epoch every function's probes go on, and its first calls are
+/// timed.
+///
+/// It allocates nothing and takes no lock that parks, so it can run on a
+/// thread the C library does not know ([`crate::rawthread`]): `due` is
+/// filled up to its capacity, never past it, and the schedule's buffers
+/// were made with theirs.
+pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &mut u64, len: u64) {
+    let tpn = ticks_per_ns(p);
+    let mut s = p.schedule.hold();
+    s.exposure.set_rate(tpn);
+    let (ended, _) = crate::clock::period();
+    if counting_epoch(ended) {
+        schedule::finish(p, &mut s);
+    }
+    let x = s.exposure.advance(p);
+    let (now, x_now) = (x.at, x.x());
+    let epoch_x = s.epoch_x;
+    let t0 = p.epoch_start.load(Ordering::Relaxed);
+    let p_epoch = (x_now - epoch_x).max(0.0);
+    if counting_epoch(ended) {
+        s.fold(p, x_now);
+        let mut k = 0;
+        while k < s.windowed.len() {
+            let fi = s.windowed[k];
+            let Some(f) = p.funcs.get(fi) else {
+                k += 1;
+                continue;
+            };
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
+            if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
+                e.go_whole(x_now);
+                p.open_counts(fi);
+                f.window.set_kind(Kind::Whole);
+                s.windowed.swap_remove(k);
+                p.due.push(fi);
+            } else {
+                k += 1;
+            }
+        }
+    }
+    let next = crate::clock::advance_period(now);
+    p.epoch_start.store(now, Ordering::Relaxed);
+    s.epoch_x = x_now;
+    let counting = counting_epoch(next);
+    let mut toggles = 0;
+    let mut taken = p.due.take(p.funcs.len());
+    loop {
+        due.clear();
+        due.extend(taken.by_ref().take(due.capacity()));
+        if due.is_empty() {
+            break;
+        }
+        prefetch_epoch(p, due);
+        for &i in due.iter() {
+            let Some(f) = p.funcs.get(i) else { continue };
+            if f.window.kind() != Kind::Whole {
+                // Windowed: armed below.
+                continue;
+            }
+            let n = p.take_counted(i);
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
+            e.counted += n as f64;
+            let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
+            if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.settings.epoch_scale())
+                && p_epoch > 0.0
+                && s.windowed.len() < schedule::MAX_WINDOWED
+            {
+                if overflow != 0 {
+                    // Counted until `overflow` only: the exposure then, by
+                    // the wall time into the epoch.
+                    let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
+                    let at = epoch_x + p_epoch * frac;
+                    e.go_windowed_from(at, n as f64 / (p_epoch * frac).max(1.0));
+                } else {
+                    e.go_windowed(x_now, n as f64 / p_epoch);
+                }
+                f.window.set_kind(Kind::Windowed);
+                s.windowed.push(i);
+                continue;
+            }
+            toggles += rearm(p, f, raw, !counting);
+        }
+    }
+    s.raw = raw;
+    if counting {
+        schedule::plan(p, &mut s, next, now, len, p.settings.windows, tpn, rng);
+        schedule::wake(p, &mut s);
+    } else {
+        schedule::idle(&mut s, next);
+        for k in 0..s.windowed.len() {
+            if let Some(f) = p.funcs.get(s.windowed[k]) {
+                toggles += rearm(p, f, raw, true);
+            }
+        }
+    }
+    drop(s);
+    // Once per epoch: the handlers update this counter too.
+    p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
+}
+
+/// The length of the next epoch: the setting times a factor uniform in
+/// [0.5, 1.5), from a generator seeded by the clock, so that epochs do not
+/// keep step with a periodic pattern of the program's calls.
+pub(super) fn next_sleep(p: &Profiler, rng: &mut u64) -> Duration {
+    let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
+    p.settings.epoch.mul_f64(0.5 + u)
+}
+
+/// The first epoch, where every function is counted whole, is short:
+/// the busy ones are windowed from the second.
+pub(super) fn first_sleep(p: &Profiler) -> Duration {
+    p.settings.epoch.min(Duration::from_millis(1))
+}
+
+/// Sleeps through an epoch of `d`, waking about every
+/// [`schedule::WAKE_US`] in a counting epoch to open its windows.
+pub(super) fn sleep_epoch(p: &Profiler, d: Duration, raw: bool, rng: &mut u64) {
+    let end = Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || p.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let counting = counting_epoch(crate::clock::period().0);
+        let nap = if counting {
+            let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
+            left.min(Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u))
+        } else {
+            left
+        };
+        if raw {
+            crate::rawthread::sleep(nap);
+        } else {
+            std::thread::sleep(nap);
+        }
+        if counting && !p.stop.load(Ordering::Relaxed) {
+            let mut s = p.schedule.hold();
+            schedule::wake(p, &mut s);
+        }
+    }
+}
+
+pub(super) fn sampler_pthread() {
+    let Some(p) = get() else { return };
+    crate::rawthread::set_timer_slack(1_000);
+    let mut due = Vec::with_capacity(BATCH);
+    let mut dumping = 0;
+    let mut rng = 0;
+    let mut cur = first_sleep(p);
+    while !p.stop.load(Ordering::Relaxed) {
+        sleep_epoch(p, cur, false, &mut rng);
+        cur = next_sleep(p, &mut rng);
+        epoch(p, &mut due, false, &mut rng, duration_ticks(p, cur));
+        if p.dump.swap(false, Ordering::AcqRel) {
+            let before = crate::rawthread::thread_cpu_ns();
+            super::output::write_reports(true);
+            dumping += crate::rawthread::thread_cpu_ns().saturating_sub(before);
+        }
+        let used = crate::rawthread::thread_cpu_ns().saturating_sub(dumping);
+        p.sampler_ns.store(used, Ordering::Relaxed);
+    }
+}
+
+/// `d` in TSC ticks.
+pub(super) fn duration_ticks(p: &Profiler, d: Duration) -> u64 {
+    (d.as_nanos() as f64 * ticks_per_ns(p)) as u64
+}
+
+/// The sampler on a raw thread ([`crate::rawthread`]). `arg` is its batch
+/// buffer, a leaked `Vec<u32>` with capacity [`BATCH`].
+pub(super) extern "C" fn sampler_raw(arg: usize) {
+    // SAFETY: `start_sampler` leaked this Vec for this thread alone.
+    let due = unsafe { &mut *(arg as *mut Vec<u32>) };
+    let Some(p) = get() else { return };
+    crate::rawthread::set_timer_slack(1_000);
+    let mut rng = 0;
+    let mut cur = first_sleep(p);
+    while !p.stop.load(Ordering::Relaxed) {
+        sleep_epoch(p, cur, true, &mut rng);
+        if p.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        cur = next_sleep(p, &mut rng);
+        epoch(p, due, true, &mut rng, duration_ticks(p, cur));
+        p.sampler_ns.store(crate::rawthread::thread_cpu_ns(), Ordering::Relaxed);
+    }
+}
+
+pub(super) extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store; the daemon writes the reports.
+    if let Some(p) = get() {
+        p.dump.store(true, Ordering::Release);
+    }
+}
+
+/// Starts the sampler: on a raw thread ([`crate::rawthread`]) unless the
+/// settings need a regular one (see [`Sampler`]) or `clone` fails.
+pub(super) fn start_sampler() {
+    let Some(p) = get() else { return };
+    let word = matches!(crate::strategy(), Strategy::WordSync | Strategy::WordAsync);
+    if p.settings.sampler == Sampler::Clone && p.settings.signal == 0 && !word {
+        let due = Box::into_raw(Box::new(Vec::<u32>::with_capacity(BATCH))) as usize;
+        // SAFETY: `sampler_raw` and `epoch` allocate nothing, park on no
+        // lock and call no libc function (see `epoch`); the buffer is
+        // leaked to the thread, which runs until the process exits.
+        match unsafe { crate::rawthread::spawn(sampler_raw, due, crate::tls::depth()) } {
+            Ok(_) => return,
+            Err(e) => crate::log::warn(format_args!(
+                "profile: cannot start the raw sampler thread ({e}); using a regular thread"
+            )),
+        }
+    }
+    if let Err(e) = std::thread::Builder::new()
+        .name("fastinst-profile".into())
+        .spawn(sampler_pthread)
+    {
+        crate::log::error(format_args!(
+            "profile: cannot start the sampling thread: {e}; probes stay on after their first 10 samples are taken"
+        ));
+    }
+}

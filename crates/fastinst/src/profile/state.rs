@@ -1,0 +1,143 @@
+//! The profiler's shared state: its functions, every thread's store, its
+//! counters and clocks: what the handlers, the window schedule, the
+//! sampler and the report read.
+
+use super::exhausted::Exhausted;
+use super::functions::Func;
+use super::settings::Settings;
+use super::store::{Counters, ThreadStore};
+use super::thread;
+use crate::probe::ProbeId;
+use crate::registry;
+use crate::segmented::Segmented;
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use wordpatch::tsc;
+
+/// Segments of the function table (of `segmented::SEG` functions each).
+pub(super) const FUNC_SEGMENTS: usize = 1024;
+
+pub(crate) struct State {
+    pub(crate) settings: Settings,
+    pub(crate) funcs: Segmented<Func, FUNC_SEGMENTS>,
+    pub(crate) by_addr: Mutex<thread::FxMap<usize, u32>>,
+    /// The functions the sampler folds and re-arms at its next tick: those
+    /// counted in the epoch, or whose window was closed.
+    pub(crate) due: Exhausted<FUNC_SEGMENTS>,
+    /// Every thread's store, for readers that take no lock (the window
+    /// schedule, the sampler).
+    pub(crate) stores: Segmented<&'static ThreadStore, 256>,
+    pub(crate) stores_lock: AtomicBool,
+    /// When the current epoch began (TSC).
+    pub(crate) epoch_start: AtomicU64,
+    /// TSC ticks per ns (f64 bits; see [`ticks_per_ns`]).
+    pub(crate) tpn: AtomicU64,
+    /// Moves whenever a live frame's call path may have changed; see
+    /// [`Shadow::path_end`] and [`paths_may_change`].
+    pub(crate) path_epoch: AtomicU32,
+    pub(crate) threads: Mutex<Vec<Arc<ThreadStore>>>,
+    pub(crate) counters: Counters,
+    pub(crate) start: Mutex<(u64, Instant)>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) dump: AtomicBool,
+    /// Probes the raw sampler left off because switching them on takes a
+    /// word patch (a sled with no `ret` trampoline in reach).
+    pub(crate) rearm_skipped: AtomicU64,
+    /// CPU time the sampler thread has used (ns), on-demand reports aside:
+    /// its re-arming and its wake-ups, a cost the handlers' time does not
+    /// show.
+    pub(crate) sampler_ns: AtomicU64,
+    /// [`window::WHOLE_OVERFLOW`] for this epoch length (see
+    /// [`Settings::epoch_scale`]), kept for the counting handler.
+    pub(crate) whole_overflow: u64,
+    pub(crate) out: PathBuf,
+    pub(crate) program: String,
+}
+
+impl State {
+    /// Adds a thread's store to the lock-free list.
+    pub(crate) fn add_store(&self, s: &'static ThreadStore) {
+        crate::spin::acquire(&self.stores_lock);
+        if self.stores.push(s).is_none() {
+            crate::log::warn(format_args!("profile: thread table full; thread {} not counted", s.tid));
+        }
+        crate::spin::release(&self.stores_lock);
+    }
+
+    /// Every thread's store.
+    pub(crate) fn stores(&self) -> impl Iterator<Item = &'static ThreadStore> + '_ {
+        (0..self.stores.len()).filter_map(|i| self.stores.get(i).copied())
+    }
+
+    /// Function `fi`'s calls counted on every thread since its counters
+    /// were last opened.
+    pub(crate) fn counted(&self, fi: u32) -> u64 {
+        self.stores().map(|t| t.calls.since_open(fi)).sum()
+    }
+
+    /// Opens function `fi`'s counters on every thread: counting starts
+    /// again from here.
+    pub(crate) fn open_counts(&self, fi: u32) {
+        for t in self.stores() {
+            t.calls.open(fi);
+        }
+    }
+
+    /// [`Profiler::counted`], then [`Profiler::open_counts`].
+    pub(crate) fn take_counted(&self, fi: u32) -> u64 {
+        self.stores()
+            .map(|t| {
+                let n = t.calls.since_open(fi);
+                t.calls.open(fi);
+                n
+            })
+            .sum()
+    }
+
+    /// Counter `field` summed over the profiler's set and every thread's.
+    pub(crate) fn total(&self, field: fn(&Counters) -> &AtomicU64) -> u64 {
+        let threads = self.threads.lock();
+        threads
+            .iter()
+            .map(|t| field(&t.counts).load(Ordering::Relaxed))
+            .fold(field(&self.counters).load(Ordering::Relaxed), u64::wrapping_add)
+    }
+}
+
+pub(super) fn func_of(p: &'static State, id: ProbeId) -> Option<(&'static Func, u32)> {
+    let fi = registry::get(id)?.tool.load(Ordering::Relaxed).checked_sub(1)? as u32;
+    Some((p.funcs.get(fi)?, fi))
+}
+
+/// Whether epoch `e` counts calls (even epochs) or times them (odd).
+///
+/// The two are kept apart. Timing samples are heavy (their exits, and the
+/// exits of calls that were not sampled, are hooked too) and crowd the
+/// start of an epoch, when windows open; a window's rate, corrected only
+/// for its own calls' counting, read the bundled demo's calls 1.7 to 1.9
+/// times their count with both in one epoch. A counting epoch times
+/// nothing and runs its hooks without their clock.
+#[inline(always)]
+pub(crate) fn counting_epoch(e: u32) -> bool {
+    e.is_multiple_of(2)
+}
+
+/// TSC ticks per nanosecond, measured since the profiler started (the
+/// last figure while a report holds the start).
+pub(super) fn ticks_per_ns(p: &State) -> f64 {
+    if let Some(start) = p.start.try_lock() {
+        let (t0, i0) = *start;
+        let ns = i0.elapsed().as_nanos() as f64;
+        if ns >= 1e6 {
+            let r = tsc::now().saturating_sub(t0) as f64 / ns;
+            p.tpn.store(r.to_bits(), Ordering::Relaxed);
+        }
+    }
+    match f64::from_bits(p.tpn.load(Ordering::Relaxed)) {
+        r if r > 0.0 => r,
+        _ => 1.0,
+    }
+}
