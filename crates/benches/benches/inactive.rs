@@ -4,6 +4,9 @@
 //! `fastinst-eval --only inactive` prints the same cases as a table of
 //! medians and p90s.
 
+// `criterion_group!` makes a public function it cannot document.
+#![allow(missing_docs)]
+
 use callpatch::Form;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use stress::bench::{fixture_in_state, fixture_with_code};

@@ -119,8 +119,8 @@ fn a_site_off_in_one_mode_is_refused_by_the_other() {
 fn unexpected_bytes_are_refused_and_left_alone() {
     let c = Code::new(Form::CallRel32, 2);
     // Wrong operand: the site holds neither this on form nor its off forms.
-    // SAFETY: the generated site; nothing is written on refusal.
     assert!(matches!(
+        // SAFETY: the generated site; nothing is written on refusal.
         unsafe { CallSite::new(c.site, Form::CallRel32, c.operand + 1) },
         Err(Error::Unexpected { .. })
     ));
@@ -164,8 +164,8 @@ fn free_functions() {
         unsafe { activate_call(c.site, c.operand) }.unwrap();
     }
     let c = Code::new(Form::JmpRel32, 0);
-    // SAFETY: refused: a jmp is not a call rel32.
     assert!(matches!(
+        // SAFETY: refused: a jmp is not a call rel32.
         unsafe { deactivate_call(c.site) },
         Err(Error::UnknownForm { .. })
     ));

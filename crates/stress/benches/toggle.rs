@@ -3,6 +3,9 @@
 //! `fastinst-stress bench` prints the same operations as median/p90 beside a
 //! same-run baseline; this bench adds criterion's statistics and history.
 
+// `criterion_group!` makes a public function it cannot document.
+#![allow(missing_docs)]
+
 use callpatch::Form;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use stress::ticks::Ticks;

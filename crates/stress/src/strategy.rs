@@ -91,9 +91,10 @@ impl Toggler {
             return Err(format!("{strategy} does not toggle {:?} sites", fx.form));
         }
         let call = match strategy {
-            // SAFETY: the fixture's site is a call of this form to `A`, which
-            // follows the C ABI, and this toggler owns its toggling.
             Strategy::CallPaper | Strategy::CallFlip => {
+                // SAFETY: the fixture's site is a call of this form to `A`,
+                // which follows the C ABI, and this toggler owns its
+                // toggling.
                 Some(unsafe { CallSite::new(fx.site, fx.form, fx.operand) }.map_err(|e| e.to_string())?)
             }
             _ => {
@@ -166,9 +167,10 @@ impl Toggler {
             Strategy::WordNaive => {
                 let addr = self.site as usize;
                 let s = wordpatch::split(addr, new.len());
-                // SAFETY: each store stays inside one line of the fixture's
-                // writable page. Tearing the straddler is this control's point.
                 if s == 0 {
+                    // SAFETY: each store stays inside one line of the
+                    // fixture's writable page. Tearing the straddler is this
+                    // control's point.
                     unsafe { store_in_line(self.site, new, None) }.map_err(|_| "store".to_string())?;
                 } else {
                     // SAFETY: as above.

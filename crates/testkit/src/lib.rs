@@ -1,6 +1,7 @@
 //! Test support shared by the workspace's tests (a dev-dependency only): a
 //! child process run under a time limit, a seeded random generator
-//! ([`Rng`]), and a crate's module graph ([`modgraph`]).
+//! ([`Rng`]), a crate's module graph ([`modgraph`]) and a counting
+//! allocator ([`alloc`]).
 //!
 //! Every test that starts a program (a C test program, the `fastinst`
 //! command, the calibration or stress binaries) runs it through
@@ -9,6 +10,7 @@
 //! shows where each of its threads was, where a plain `Command::output`
 //! would hold the CI run until the CI's own limit, with nothing to read.
 
+pub mod alloc;
 pub mod modgraph;
 mod rng;
 pub use rng::Rng;

@@ -96,3 +96,39 @@ fn every_crate_depends_only_on_lower_layers() {
         }
     }
 }
+
+/// The command lines of a shell text: comments and blank lines dropped,
+/// `\`-continued lines joined, runs of spaces made one.
+fn commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if cur.is_empty() && (l.is_empty() || l.starts_with('#')) {
+            continue;
+        }
+        match l.strip_suffix('\\') {
+            Some(part) => cur.push_str(part),
+            None => {
+                cur.push_str(l);
+                out.push(cur.split_whitespace().collect::<Vec<_>>().join(" "));
+                cur.clear();
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_ci_runs_exactly_the_readmes_test_command() {
+    let root = crates_dir().join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme
+        .find("# The whole test suite")
+        .expect("the README names its test command");
+    let block = &readme[start..readme[start..].find("```").map(|e| start + e).unwrap()];
+    let readme_cmd = commands(block).pop().expect("a command under the comment");
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    let ci_cmd = commands(&ci).pop().expect("a command in .ci/run");
+    assert_eq!(ci_cmd, readme_cmd, ".ci/run (left) and the README (right)");
+}

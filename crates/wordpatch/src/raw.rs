@@ -112,7 +112,7 @@ pub unsafe fn store_plain(addr: *mut u8, bytes: &[u8]) -> bool {
     if len == 0 || a / 8 != (a + len - 1) / 8 {
         return false;
     }
-    // SAFETY (each arm): the caller guarantees the bytes are writable; one
+    // SAFETY: in each arm, the caller guarantees the bytes are writable; one
     // store instruction of the range's exact width.
     unsafe {
         match len {

@@ -62,9 +62,9 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 /// [`Wait::SyncCore`]) before any barrier.
 ///
 /// Best called while the process has one thread (so does
-/// [`default_wait`], which calls it when it picks SyncCore): Linux then
-/// returns at once, but with a second thread the registration waits out an
-/// RCU grace period, measured at 9-29 ms on this project's VM.
+/// [`default_wait`](crate::default_wait), which calls it when it picks
+/// SyncCore): Linux then returns at once, but with a second thread the
+/// registration waits out an RCU grace period.
 pub fn ensure_sync_core() -> Result<(), Error> {
     REGISTERED
         .get_or_init(|| {

@@ -272,8 +272,8 @@ mod tests {
         let mut m = memmap2::MmapOptions::new().len(5 * PAGE_SIZE).map_anon().unwrap();
         m[0] = 1;
         let base = m.as_ptr() as usize;
-        // SAFETY: the first four pages of our own mapping become r-x.
         assert_eq!(
+            // SAFETY: the first four pages of our own mapping become r-x.
             unsafe {
                 libc::mprotect(
                     base as *mut libc::c_void,

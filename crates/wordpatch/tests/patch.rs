@@ -103,7 +103,7 @@ fn every_offset_and_length_patches_exactly_its_bytes() {
 fn errors() {
     let m = code_page(0x90);
     let p = m.as_ptr() as *mut u8;
-    // SAFETY (all calls): nothing executes these pages.
+    // SAFETY: for every call here, nothing executes these pages.
     unsafe {
         assert_eq!(patch(p, &[]), Err(Error::InvalidLength(0)));
         assert_eq!(patch(p, &[0x90; 9]), Err(Error::InvalidLength(9)));
@@ -177,8 +177,8 @@ fn async_state_machine_steps() {
     assert_eq!(finish_patch(site), Progress::InFlight, "wait not elapsed");
     assert_eq!(at(3), 0x90);
     // A second patch of the same site is refused while it is locked...
-    // SAFETY: as above.
     assert!(matches!(
+        // SAFETY: as above.
         unsafe { start_patch(site, &new, &PatchOptions::default()) },
         Err(Error::SiteLocked { .. })
     ));

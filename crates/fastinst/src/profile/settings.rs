@@ -83,7 +83,7 @@ impl Settings {
     /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`) and
     /// `FASTINST_PROFILE_WINDOWS` (1 to 64) and `FASTINST_PROFILE_CPU`
     /// (`0`, `1`), and `FASTINST_INLINED` as every tool does
-    /// ([`crate::env::inlined_from_env`]); an invalid value is reported
+    /// (`FASTINST_INLINED`); an invalid value is reported
     /// and the default kept.
     pub fn from_env() -> Settings {
         let mut s = Settings::default();
