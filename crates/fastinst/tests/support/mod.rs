@@ -8,7 +8,7 @@
 /// the work between the calls is a loop the compiler cannot drop.
 #[inline(never)]
 pub extern "C" fn instrumented(n: u64) -> u64 {
-    let this_fn = std::hint::black_box(instrumented as usize as u64);
+    let this_fn = std::hint::black_box(instrumented as *const () as u64);
     let call_site = std::hint::black_box(1u64);
     // SAFETY: the hook takes (this_fn, call_site) in the C ABI and returns;
     // it clobbers what a C function may.
@@ -24,7 +24,7 @@ pub extern "C" fn instrumented(n: u64) -> u64 {
     for i in 0..std::hint::black_box(n) {
         x = x.wrapping_mul(31).wrapping_add(i);
     }
-    let this_fn = std::hint::black_box(instrumented as usize as u64);
+    let this_fn = std::hint::black_box(instrumented as *const () as u64);
     // SAFETY: as above.
     unsafe {
         core::arch::asm!(
