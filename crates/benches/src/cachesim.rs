@@ -502,7 +502,7 @@ fe=(3)
 
     #[test]
     fn runtime_code_is_told_from_c_code() {
-        assert!(is_runtime("???", "fastinst::profile::on_entry"));
+        assert!(is_runtime("???", "fastinst::profile::handlers::on_entry"));
         assert!(is_runtime("???", "<alloc::vec::Vec<T> as core::ops::Drop>::drop"));
         assert!(is_runtime(
             "/rust/deps/hashbrown-0.16.1/src/raw/mod.rs",

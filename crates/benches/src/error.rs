@@ -33,3 +33,9 @@ impl EvalError {
 
 /// The result of an evaluation step.
 pub type Result<T> = std::result::Result<T, EvalError>;
+
+impl From<fastinst_args::ArgError> for EvalError {
+    fn from(e: fastinst_args::ArgError) -> EvalError {
+        EvalError::Usage(e.0)
+    }
+}

@@ -63,34 +63,29 @@ pub fn provenance(name: &str) -> String {
     )
 }
 
-/// A harness's command line, read option by option, with the errors
-/// every harness gives for a missing value or a value that is not a count.
-pub struct Argv<'a>(std::slice::Iter<'a, String>);
+/// A harness's command line, read option by option with the workspace's
+/// option reader ([`fastinst_args`]), its errors made usage errors.
+pub struct Argv<'a>(fastinst_args::Argv<'a>);
 
 impl<'a> Argv<'a> {
     /// The arguments after the program name.
     pub fn new(argv: &'a [String]) -> Self {
-        Argv(argv.iter())
+        Argv(fastinst_args::Argv::new(argv))
     }
 
     /// The next option, if any.
     pub fn next_opt(&mut self) -> Option<&'a str> {
-        self.0.next().map(String::as_str)
+        self.0.next_raw()
     }
 
     /// The value that follows option `opt`.
     pub fn value(&mut self, opt: &str) -> Result<String> {
-        self.0
-            .next()
-            .cloned()
-            .ok_or_else(|| EvalError::Usage(format!("{opt} needs a value")))
+        Ok(self.0.value(opt, None)?.to_string())
     }
 
     /// The value that follows option `opt`, as a count.
     pub fn number(&mut self, opt: &str) -> Result<usize> {
-        let v = self.value(opt)?;
-        v.parse::<usize>()
-            .map_err(|_| EvalError::Usage(format!("{opt}: `{v}` is not a number")))
+        Ok(self.0.parsed(opt, None, "a number")?)
     }
 }
 

@@ -86,16 +86,13 @@ impl Phase {
 /// the whole chain: the first phase with a marker on it wins (a report's
 /// `malloc` may fault: the fault is the report's).
 const MARKERS: [(Phase, &[&str]); 4] = [
-    (Phase::Sampler, &["fastinst::profile::sampler"]),
-    (
-        Phase::Reports,
-        &["fastinst::profile::write_reports", "fastinst_report::"],
-    ),
+    (Phase::Sampler, &["fastinst::profile::sampler::"]),
+    (Phase::Reports, &["fastinst::profile::output::", "fastinst_report::"]),
     (
         Phase::Startup,
         &[
-            "fastinst::preload::ctor",
-            "fastinst::preload::start",
+            "fastinst::ctor",
+            "fastinst::process::start_from_env",
             "fastinst::sled::load",
             "fastinst::sled::register_module",
             "fastinst::sled::library_loading",
@@ -106,8 +103,7 @@ const MARKERS: [(Phase, &[&str]); 4] = [
     (
         Phase::Handlers,
         &[
-            "fastinst::profile::on_entry",
-            "fastinst::profile::on_exit",
+            "fastinst::profile::handlers::",
             "fastinst::hooks::",
             "fastinst::sled::shadow::",
             "fastinst_sled_",
@@ -364,8 +360,8 @@ mod tests {
                 ("__GI___libc_write", LIBC),
                 ("std::io::buffered::bufwriter::BufWriter<W>::flush_buf", LIB),
                 ("fastinst_report::write_all", LIB),
-                ("fastinst::profile::write_reports", LIB),
-                ("fastinst::preload::at_exit", LIB),
+                ("fastinst::profile::output::write_reports", LIB),
+                ("fastinst::at_exit", LIB),
             ]),
             Phase::Reports
         );
@@ -374,7 +370,7 @@ mod tests {
         assert_eq!(
             phase_of(&[
                 ("fastinst::profile::thread::Shadow::path_node", LIB),
-                ("fastinst::profile::on_exit", LIB),
+                ("fastinst::profile::handlers::on_exit", LIB),
                 ("fastinst::sled::shadow::sled_return", LIB),
                 ("fastinst_sled_return_avx512", LIB),
                 ("JS_CallInternal", APP),
@@ -392,16 +388,16 @@ mod tests {
             phase_of(&[
                 ("schedule", K),
                 ("clock_nanosleep", LIBC),
-                ("fastinst::profile::sampler_raw", LIB)
+                ("fastinst::profile::sampler::sampler_raw", LIB)
             ]),
             Phase::Sampler
         );
         assert_eq!(
             phase_of(&[
                 ("wordpatch::raw::store_in_line", LIB),
-                ("fastinst::profile::rearm", LIB),
-                ("fastinst::profile::epoch", LIB),
-                ("fastinst::profile::sampler_raw", LIB),
+                ("fastinst::profile::sampler::rearm", LIB),
+                ("fastinst::profile::sampler::epoch", LIB),
+                ("fastinst::profile::sampler::sampler_raw", LIB),
             ]),
             Phase::Sampler
         );
@@ -452,10 +448,13 @@ mod tests {
             text.push_str(&sample(&[("main", APP)]));
         }
         for _ in 0..6 {
-            text.push_str(&sample(&[("fastinst::profile::on_entry", LIB), ("main", APP)]));
+            text.push_str(&sample(&[
+                ("fastinst::profile::handlers::on_entry", LIB),
+                ("main", APP),
+            ]));
         }
         for _ in 0..3 {
-            text.push_str(&sample(&[("fastinst::profile::sampler_raw", LIB)]));
+            text.push_str(&sample(&[("fastinst::profile::sampler::sampler_raw", LIB)]));
         }
         text.push_str(&sample(&[("do_exit", K)]));
         assert_eq!(sh.add_script(&text, &objects()), 100);

@@ -7,10 +7,11 @@ use crate::progress::Progress;
 use crate::recommend::{self, Thresholds, WaitCosts};
 use crate::sweep::{run_cell, Sweep, Tally};
 use crate::{cost, svg, table};
+use fastinst_args::{ArgError, Argv, Item};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use stress::{Strategy, TrialSpec};
+use stress::{Method, TrialSpec};
 
 /// Usage text.
 pub const USAGE: &str = "\
@@ -80,12 +81,6 @@ pub fn parse_waits(s: &str) -> Result<Vec<u64>, String> {
     s.split(',').map(|x| x.trim().parse().map_err(|_| bad())).collect()
 }
 
-fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, String> {
-    s.split(',')
-        .map(|x| x.trim().parse().map_err(|_| format!("bad {what} `{s}`")))
-        .collect()
-}
-
 fn parse(args: &[String]) -> Result<Option<Args>, String> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let quick = args.iter().any(|a| a == "--quick");
@@ -105,35 +100,34 @@ fn parse(args: &[String]) -> Result<Option<Args>, String> {
         check: false,
     };
     let mut seconds = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut val = || it.next().cloned().ok_or(format!("{arg} needs a value"));
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--quick" => {}
-            "--waits" => plan.waits = parse_waits(&val()?)?,
-            "--splits" => plan.splits = parse_list(&val()?, "--splits")?,
-            "--executors" => plan.executors = parse_list(&val()?, "--executors")?,
-            "--trials" => plan.trials = val()?.parse().map_err(|_| "bad --trials")?,
-            "--toggles" => plan.toggles = val()?.parse().map_err(|_| "bad --toggles")?,
-            "--seconds" => {
-                seconds = Some(
-                    val()?
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|s| *s > 0.0 && s.is_finite())
-                        .ok_or("bad --seconds")?,
-                )
+    let mut argv = Argv::new(args);
+    while let Some(item) = argv.next_item() {
+        match item {
+            Item::Opt("-h" | "--help", _) => return Ok(None),
+            Item::Opt("--quick", None) => {}
+            Item::Opt(n @ "--waits", i) => plan.waits = parse_waits(argv.value(n, i)?)?,
+            Item::Opt(n @ "--splits", i) => plan.splits = argv.list(n, i, "a split")?,
+            Item::Opt(n @ "--executors", i) => plan.executors = argv.list(n, i, "a count")?,
+            Item::Opt(n @ "--trials", i) => plan.trials = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--toggles", i) => plan.toggles = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--seconds", i) => {
+                let v: f64 = argv.parsed(n, i, "a number of seconds")?;
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(format!("{n}: `{v}` is not a positive number of seconds"));
+                }
+                seconds = Some(v);
             }
-            "--margin" => plan.margin = val()?.parse().map_err(|_| "bad --margin")?,
-            "--min-evidence" => th.min_evidence = val()?.parse().map_err(|_| "bad --min-evidence")?,
-            "--out" => a.out = Some(PathBuf::from(val()?)),
-            "--svg" => a.svg = PathBuf::from(val()?),
-            "--log" => a.log = Some(PathBuf::from(val()?)),
-            "--no-write" => a.write = false,
-            "--show" => a.show = true,
-            "--check" => a.check = true,
-            other => return Err(format!("unknown option `{other}`")),
+            Item::Opt(n @ "--margin", i) => plan.margin = argv.parsed(n, i, "a number")?,
+            Item::Opt(n @ "--min-evidence", i) => th.min_evidence = argv.parsed(n, i, "a number")?,
+            Item::Opt(n @ "--out", i) => a.out = Some(PathBuf::from(argv.value(n, i)?)),
+            Item::Opt(n @ "--svg", i) => a.svg = PathBuf::from(argv.value(n, i)?),
+            Item::Opt(n @ "--log", i) => a.log = Some(PathBuf::from(argv.value(n, i)?)),
+            Item::Opt("--no-write", None) => a.write = false,
+            Item::Opt("--show", None) => a.show = true,
+            Item::Opt("--check", None) => a.check = true,
+            Item::Opt(other, _) => return Err(ArgError::unknown(other).into()),
+            Item::Positional(p) => return Err(format!("unexpected argument `{p}`")),
+            Item::EndOfOptions => {}
         }
     }
     plan.fit(if quick { Budget::QUICK } else { Budget::FULL });
@@ -178,7 +172,7 @@ fn check(plan: &Plan, seconds_given: bool) -> ExitCode {
         time.as_secs_f64()
     );
     let (mut toggles, mut failures, mut uncounted) = (0, 0, 0);
-    for strategy in [Strategy::WordSync(wait), Strategy::WordAsync(wait)] {
+    for strategy in [Method::WordSync(wait), Method::WordAsync(wait)] {
         for &split in &plan.splits {
             let spec = TrialSpec {
                 strategy,

@@ -7,7 +7,7 @@
 use crate::recommend::WaitCosts;
 use callpatch::Form;
 use stress::bench;
-use stress::Strategy;
+use stress::Method;
 use wordpatch::Wait;
 
 /// The split costs are measured at (every split runs the same protocol).
@@ -18,7 +18,7 @@ const SPLIT: usize = 2;
 pub fn measure(tmax_ticks: u64, reps: usize) -> Result<WaitCosts, String> {
     let form = Form::CallRel32;
     let (synccore_idle, synccore_busy) = if wordpatch::ensure_sync_core().is_ok() {
-        let s = Strategy::WordSync(Wait::SyncCore);
+        let s = Method::WordSync(Wait::SyncCore);
         (
             Some(bench::toggle_idle(s, form, SPLIT, reps)?.median),
             Some(bench::toggle_busy(s, form, SPLIT, reps)?.median),
@@ -26,7 +26,7 @@ pub fn measure(tmax_ticks: u64, reps: usize) -> Result<WaitCosts, String> {
     } else {
         (None, None)
     };
-    let t = Strategy::WordSync(Wait::Tmax(tmax_ticks));
+    let t = Method::WordSync(Wait::Tmax(tmax_ticks));
     Ok(WaitCosts {
         synccore_idle,
         synccore_busy,

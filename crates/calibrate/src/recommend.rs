@@ -36,10 +36,10 @@ pub const NULL_EXPECTED_FAILURES: f64 = 4.6;
 /// Clean toggles a T_max needs at W >= W*, whatever the failure rate below
 /// W* suggests. The rate below W* comes mostly from the positive control,
 /// whose failing trials stop at their first failure, so it says little about
-/// rare stalls: this project's VM tears about once per 4-10 M toggles at
-/// waits up to 3,000 ticks (README, "On this machine"), and a quick run whose
-/// top waits happened to be clean for ~5 M toggles once trusted a T_max of
-/// 1,000 that `--check` then saw tear. 20 M clean toggles make a stretch
+/// rare stalls: a shared VM can tear once in millions of toggles at waits
+/// it otherwise looks safe at (`docs/calibration.md`), and a quick run whose
+/// top waits happened to be clean for a few million toggles once trusted a
+/// T_max that `--check` then saw tear. 20 M clean toggles make a stretch
 /// that clean by chance unlikely (< 1% at one tear per 4 M).
 pub const MIN_EVIDENCE: u64 = 20_000_000;
 

@@ -4,7 +4,7 @@
 use crate::plan::Plan;
 use callpatch::Form;
 use std::time::Duration;
-use stress::{run_config, ConfigResult, Strategy, TrialSpec};
+use stress::{run_config, ConfigResult, Method, TrialSpec};
 use wordpatch::Wait;
 
 /// The trials of one (W, S, N).
@@ -98,7 +98,7 @@ pub struct Sweep {
 /// Call from a single-threaded process: each trial is a forked child.
 pub fn run_cell(wait: u64, split: usize, executors: usize, trials: u64, toggles: u64, time: Duration) -> Cell {
     let spec = TrialSpec {
-        strategy: Strategy::WordSync(Wait::Tmax(wait)),
+        strategy: Method::WordSync(Wait::Tmax(wait)),
         form: Form::CallRel32,
         split,
         executors,

@@ -148,10 +148,7 @@ pub fn off_bytes(
         (Mode::Flip, Form::JmpRel32 | Form::JmpRipIndirect) => off[0] = 0xC3,
         (Mode::Paper, Form::JmpRel32 | Form::JmpRipIndirect) if s != 1 => off[0] = 0xC3,
         (Mode::Paper, _) if s == 0 => {
-            let nop: &[u8] = match form {
-                Form::CallRipIndirect | Form::JmpRipIndirect => &[0x66, 0x0F, 0x1F, 0x44, 0x00, 0x00],
-                _ => &[0x0F, 0x1F, 0x44, 0x00, 0x00],
-            };
+            let nop = wordpatch::nop(form.len());
             off[..nop.len()].copy_from_slice(nop);
         }
         (Mode::Paper, Form::CallRel32 | Form::JmpRel32) if s == 1 => {

@@ -38,36 +38,23 @@ pub use site::CallSite;
 pub use trampoline::map_near;
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Once;
 
-const UNSET: u8 = 0xFF;
-static DEFAULT_MODE: AtomicU8 = AtomicU8::new(UNSET);
-static FROM_ENV: Once = Once::new();
+static DEFAULT_MODE: AtomicU8 = AtomicU8::new(Mode::Paper as u8);
 
-/// Sets the process-wide default mode.
+/// Sets the process-wide default mode (of the calls that take none, such
+/// as [`deactivate_call`]).
 pub fn set_default_mode(mode: Mode) {
     DEFAULT_MODE.store(mode as u8, Ordering::Relaxed);
 }
 
-/// The process-wide default mode: [`set_default_mode`], else env
-/// `FASTINST_CALL_MODE` (`paper` or `flip`; an invalid value is reported on
-/// stderr and ignored), else [`Mode::Paper`], the one valid at any call.
+/// The process-wide default mode: [`set_default_mode`]'s, else
+/// [`Mode::Paper`], the one valid at any call.
 pub fn default_mode() -> Mode {
-    let v = DEFAULT_MODE.load(Ordering::Relaxed);
-    if v != UNSET {
-        return if v == Mode::Flip as u8 { Mode::Flip } else { Mode::Paper };
+    if DEFAULT_MODE.load(Ordering::Relaxed) == Mode::Flip as u8 {
+        Mode::Flip
+    } else {
+        Mode::Paper
     }
-    FROM_ENV.call_once(|| {
-        let m = match std::env::var("FASTINST_CALL_MODE") {
-            Ok(s) => s.parse::<Mode>().unwrap_or_else(|e| {
-                eprintln!("callpatch: ignoring FASTINST_CALL_MODE: {e}");
-                Mode::Paper
-            }),
-            Err(_) => Mode::Paper,
-        };
-        let _ = DEFAULT_MODE.compare_exchange(UNSET, m as u8, Ordering::Relaxed, Ordering::Relaxed);
-    });
-    default_mode()
 }
 
 /// Switches on the 5-byte `call rel32` at `site`, calling `site + 5 + rel32`.

@@ -1,72 +1,49 @@
-//! A small option reader shared by the commands: `--name VALUE`,
-//! `--name=VALUE`, flags, and positional arguments; `--` ends the options.
+//! The commands' option reader: the workspace's shared one
+//! ([`fastinst_args`]), with errors that name the `fastinst` command.
 
 use crate::error::{CliError, Result};
+pub use fastinst_args::Item;
+use fastinst_args::{ArgError, Argv};
 use std::str::FromStr;
 
-/// The arguments of one command, read front to back.
+/// The arguments of one command, read front to back ([`fastinst_args`]),
+/// with its errors naming the command.
 pub struct Args<'a> {
-    rest: &'a [String],
+    argv: Argv<'a>,
     command: &'static str,
-}
-
-/// One item of the command line.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Item<'a> {
-    /// `--name` or `-n` (with `=VALUE` split off into [`Args::value`]).
-    Opt(&'a str, Option<&'a str>),
-    /// A positional argument.
-    Positional(&'a str),
-    /// `--`: everything after it is positional.
-    EndOfOptions,
 }
 
 impl<'a> Args<'a> {
     /// Reads `args` (the command's own, without its name) for `command`.
     pub fn new(command: &'static str, args: &'a [String]) -> Self {
-        Args { rest: args, command }
+        Args {
+            argv: Argv::new(args),
+            command,
+        }
     }
 
     /// The next item, or `None` at the end.
     pub fn next_item(&mut self) -> Option<Item<'a>> {
-        let (first, rest) = self.rest.split_first()?;
-        self.rest = rest;
-        let a = first.as_str();
-        Some(if a == "--" {
-            Item::EndOfOptions
-        } else if a.starts_with('-') && a.len() > 1 {
-            match a.split_once('=') {
-                Some((name, v)) if name.starts_with("--") => Item::Opt(name, Some(v)),
-                _ => Item::Opt(a, None),
-            }
-        } else {
-            Item::Positional(a)
-        })
+        self.argv.next_item()
     }
 
     /// What is left, unread.
     pub fn remaining(&mut self) -> &'a [String] {
-        std::mem::take(&mut self.rest)
+        self.argv.remaining()
     }
 
     /// The value of option `name`: the `=VALUE` part, or the next argument.
     pub fn value(&mut self, name: &str, inline: Option<&'a str>) -> Result<&'a str> {
-        if let Some(v) = inline {
-            return Ok(v);
-        }
-        let (v, rest) = self
-            .rest
-            .split_first()
-            .ok_or_else(|| self.usage(format!("{name} needs a value")))?;
-        self.rest = rest;
-        Ok(v)
+        self.argv.value(name, inline).map_err(|e| self.arg_error(e))
     }
 
     /// The value of option `name`, parsed.
     pub fn parsed<T: FromStr>(&mut self, name: &str, inline: Option<&'a str>, what: &str) -> Result<T> {
-        let v = self.value(name, inline)?;
-        v.parse()
-            .map_err(|_| self.usage(format!("{name}: `{v}` is not {what}")))
+        self.argv.parsed(name, inline, what).map_err(|e| self.arg_error(e))
+    }
+
+    fn arg_error(&self, e: ArgError) -> CliError {
+        self.usage(e)
     }
 
     /// Takes `p` as the command's one file argument (`what` names it in

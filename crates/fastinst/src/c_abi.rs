@@ -125,7 +125,7 @@ pub fn form_code(f: Option<SiteForm>) -> u8 {
 /// The C view of a probe's metadata.
 pub fn c_meta(m: &ProbeMeta) -> CProbeMeta {
     CProbeMeta {
-        id: m.id,
+        id: m.id.get(),
         kind: m.kind as u8,
         form: form_code(m.form),
         split: m.split,

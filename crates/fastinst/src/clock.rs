@@ -10,7 +10,7 @@
 //! hooks nor any hook that ran in between (a sampled callee, another
 //! function's counting) is in it. What a stamp cannot see is the few
 //! instructions before it and after the handler (the `call`, the stub's
-//! jump, the return) and the TSC reads' own cost: [`hookcost`](crate::hookcost) measures
+//! jump, the return) and the TSC reads' own cost: `hookcost` measures
 //! it once per process and every hook adds it to its time
 //! ([`unseen_ticks`]).
 //!

@@ -46,7 +46,8 @@ pub(crate) struct DiscoveryGuard(());
 impl DiscoveryGuard {
     /// The guard, or `None` if this thread already runs discovery.
     pub(crate) fn enter() -> Option<DiscoveryGuard> {
-        (!IN_DISCOVERY.with(|d| d.replace(true))).then_some(DiscoveryGuard(()))
+        // Lazily: a guard made and dropped here would clear the flag.
+        (!IN_DISCOVERY.with(|d| d.replace(true))).then(|| DiscoveryGuard(()))
     }
 
     /// Whether this thread runs discovery now.
@@ -313,9 +314,9 @@ pub(crate) fn discover(call: HookCall, tail: Option<ProbeId>) -> Option<ProbeId>
     with_state(|s| {
         sitetable::prepare(ret);
         sitetable::prepare(this_fn);
-        let known = sitetable::get(key::ret(ret)).or_else(|| match tail {
+        let known = sitetable::probe(key::ret(ret)).or_else(|| match tail {
             Some(_) => None,
-            None => sitetable::get(key::function(this_fn, kind as u8)),
+            None => sitetable::probe(key::function(this_fn, kind as u8)),
         });
         if let Some(id) = known {
             return Some(id);
@@ -345,7 +346,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
     match site {
         Ok(site) => {
             let id = register(s, Some(site), kind, this_fn)?;
-            sitetable::insert(key::ret(site.end()), id);
+            sitetable::insert(key::ret(site.end()), id.get());
             Some(id)
         }
         Err(why) => {
@@ -372,7 +373,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
                             bump(&stats::TAIL_AMBIGUOUS);
                             sitetable::insert(key::tails_ambiguous(this_fn), 1);
                         }
-                        sitetable::insert(key::function(this_fn, kind as u8), id);
+                        sitetable::insert(key::function(this_fn, kind as u8), id.get());
                         return Some(id);
                     }
                 }
@@ -389,7 +390,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
                         crate::log::info(format_args!(
                             "unrecognised exit hook site (this_fn {this_fn:#x}, return address {ret:#x}): {why:?}; it stays on"
                         ));
-                        sitetable::insert(key::ret(ret), id);
+                        sitetable::insert(key::ret(ret), id.get());
                         s.unrecognised_rets.push(ret);
                     }
                     // Else a thread that fetched the tail jump just before
@@ -402,7 +403,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
                 "unrecognised {kind:?} hook site (this_fn {this_fn:#x}, return address {ret:#x}): {why:?}; it stays on"
             ));
             let id = register(s, None, kind, this_fn)?;
-            sitetable::insert(key::function(this_fn, kind as u8), id);
+            sitetable::insert(key::function(this_fn, kind as u8), id.get());
             Some(id)
         }
     }
@@ -468,7 +469,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
     })?;
     let id = p.meta.id;
     if let Some(t) = site {
-        sitetable::insert(key::site(t.addr), id);
+        sitetable::insert(key::site(t.addr), id.get());
         sitetable::insert(key::patched(t.addr), t.len() as u32);
         if s.rewrite {
             rewrite_arg(s, p, &t, this_fn);
@@ -499,7 +500,7 @@ fn rewrite_arg(s: &mut State, p: &Probe, site: &HookSite, this_fn: u64) {
             return;
         }
     };
-    let Some(tag) = rw.tag_for(p.meta.id, LOW_LIMIT.load(Ordering::Relaxed)) else {
+    let Some(tag) = rw.tag_for(p.meta.id.get(), LOW_LIMIT.load(Ordering::Relaxed)) else {
         return;
     };
     // The bytes must still be what was decoded.
@@ -559,8 +560,24 @@ pub(crate) fn forget_modules(gone: &[Arc<Module>]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_part_of, NameStore};
+    use super::{is_part_of, DiscoveryGuard, NameStore};
     use std::ffi::CStr;
+
+    #[test]
+    fn a_nested_discovery_guard_is_refused_and_leaves_the_outer_one_held() {
+        std::thread::spawn(|| {
+            assert!(!DiscoveryGuard::held());
+            let outer = DiscoveryGuard::enter().expect("the first guard");
+            assert!(DiscoveryGuard::enter().is_none(), "a nested one is refused");
+            assert!(DiscoveryGuard::held(), "and the refusal leaves the outer one held");
+            assert!(DiscoveryGuard::enter().is_none());
+            drop(outer);
+            assert!(!DiscoveryGuard::held());
+            assert!(DiscoveryGuard::enter().is_some());
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn clones_and_cold_parts_are_the_functions_own_code() {

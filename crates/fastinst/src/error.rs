@@ -6,6 +6,7 @@ use crate::probe::ProbeId;
 /// Why a runtime operation failed. Each variant has a stable C status code
 /// ([`Error::code`]), documented in `fastinst.h`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No probe has this id.
     #[error("no probe with id {0}")]

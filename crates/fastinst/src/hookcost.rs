@@ -68,7 +68,7 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
 /// trampoline cannot be placed.
 pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
     let id = crate::sled::shadow::CALIBRATION_ID;
-    let (on, off) = crate::sled::trampoline::calibration_functions(id)?;
+    let (on, off) = crate::sled::trampoline::calibration_functions(id.get())?;
     let mut v: Vec<f64> = (0..rounds)
         .map(|_| {
             let (base, _, _) = call_loop(off, n);
@@ -78,35 +78,6 @@ pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
         .collect();
     v.sort_by(f64::total_cmp);
     Some(v[v.len() / 2])
-}
-
-/// Ticks a `-finstrument-functions` hook with no probe to run costs
-/// when the hooks do not time themselves (the median of `rounds`
-/// rounds of `n` calls).
-pub fn fi_unclocked(rounds: usize, n: u64) -> f64 {
-    median(rounds, || {
-        let (base, _, _) = fi_loop(n, false);
-        let (wall, _, _) = fi_loop(n, true);
-        (wall as f64 - base as f64) / n as f64
-    })
-}
-
-/// Ticks a sled entry with no probe to run (its exit not watched)
-/// costs when the hooks do not time themselves; `None` when the sled
-/// trampoline cannot be placed.
-pub fn sled_entry_unclocked(rounds: usize, n: u64) -> Option<f64> {
-    let (on, off) = crate::sled::trampoline::calibration_functions(NO_PROBE)?;
-    Some(median(rounds, || {
-        let (base, _, _) = call_loop(off, n);
-        let (wall, _, _) = call_loop(on, n);
-        (wall as f64 - base as f64) / n as f64
-    }))
-}
-
-fn median(rounds: usize, mut f: impl FnMut() -> f64) -> f64 {
-    let mut v: Vec<f64> = (0..rounds.max(1)).map(|_| f()).collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Ticks a `-finstrument-functions` hook costs beyond its own stamps:
@@ -126,7 +97,7 @@ pub fn fi_unseen(rounds: usize, n: u64) -> f64 {
 }
 
 /// Turns the hooks' self-timing on, measuring first, once per process,
-/// what a hook's stamps miss on each path (about 0.3 ms).
+/// what a hook's stamps miss on each path (a fraction of a millisecond).
 /// Run on the thread of a tool's start, before its probes go on.
 pub fn start_clock() {
     set_clocked(true);

@@ -169,12 +169,12 @@ extern "C" fn exit_clocked(this_fn: u64, call_site: u64, ret: u64, stack: u64, s
 #[inline(always)]
 fn hook(kind: HookKind, this_fn: u64, ret: u64, call_site: u64, stack: u64, started: u64) -> usize {
     let id = match providers::tag::decode(this_fn, crate::discovery::LOW_LIMIT.load(Ordering::Relaxed)) {
-        Some(id) => id,
-        None => match sitetable::get(key::ret(ret)) {
+        Some(id) => ProbeId::new(id),
+        None => match sitetable::probe(key::ret(ret)) {
             Some(id) => id,
             // A tail-jump exit (a function's last call is often its exit
             // hook, so a good share of exits), found by its function.
-            None => match sitetable::get(key::function(this_fn, kind as u8)) {
+            None => match sitetable::probe(key::function(this_fn, kind as u8)) {
                 Some(id) if !undiscovered_call(id, ret, call_site) => id,
                 by_function => return slow(kind, this_fn, ret, call_site, stack, by_function, started),
             },

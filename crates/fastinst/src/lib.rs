@@ -32,9 +32,11 @@
 //!
 //! Count every call of every instrumented function: each entry probe is
 //! switched on with a counting handler as it is discovered, and exit
-//! probes are switched off.
+//! probes are switched off; later the entry probes go off too, while the
+//! program runs. Here the instrumented function is Rust code that calls
+//! the hooks as `gcc -finstrument-functions` code does (hidden lines).
 //!
-//! ```no_run
+//! ```
 //! use fastinst::{ProbeId, ProbeKind};
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //!
@@ -43,6 +45,19 @@
 //! extern "C" fn count(_: ProbeId) {
 //!     CALLS.fetch_add(1, Ordering::Relaxed);
 //! }
+//! # /// `work` as `-finstrument-functions` makes it: the entry hook first,
+//! # /// the exit hook last.
+//! # #[inline(never)]
+//! # extern "C" fn work() {
+//! #     let f = std::hint::black_box(work as *const () as u64);
+//! #     // SAFETY: the hooks take (this_fn, call_site) in the C ABI.
+//! #     unsafe {
+//! #         core::arch::asm!("call {h}", h = sym fastinst::hooks::__cyg_profile_func_enter,
+//! #             in("rdi") f, in("rsi") 1u64, clobber_abi("C"));
+//! #         core::arch::asm!("call {h}", h = sym fastinst::hooks::__cyg_profile_func_exit,
+//! #             in("rdi") f, in("rsi") 1u64, clobber_abi("C"));
+//! #     }
+//! # }
 //!
 //! fn main() -> fastinst::Result<()> {
 //!     fastinst::on_discovery(|m| {
@@ -51,38 +66,46 @@
 //!             ProbeKind::Exit => fastinst::deactivate(m.id),
 //!         };
 //!     })?;
-//!     // ... the program's instrumented code runs here ...
+//!     for _ in 0..1000 {
+//!         work(); // instrumented code: the first call discovers its probes
+//!     }
+//!     assert_eq!(CALLS.load(Ordering::Relaxed), 1000);
+//!     for m in fastinst::probes() {
+//!         fastinst::deactivate(m.id)?; // its call site is patched off
+//!     }
+//!     work();
+//!     assert_eq!(CALLS.load(Ordering::Relaxed), 1000);
 //!     println!("{} calls through {} probes", CALLS.load(Ordering::Relaxed), fastinst::probe_count());
 //!     Ok(())
 //! }
 //! ```
 
-pub mod api;
+mod api;
 pub mod c_abi;
 pub mod clock;
 mod code;
 mod discovery;
 mod env;
-pub mod error;
-pub mod hookcost;
+mod error;
+mod hookcost;
 pub mod hooks;
 pub mod log;
 pub mod mapping;
-pub mod modules;
+mod modules;
 mod prefetch;
-pub mod probe;
+mod probe;
 pub mod process;
 pub mod profile;
 mod rawthread;
-pub mod registry;
+mod registry;
 mod segmented;
-pub mod sitetable;
-pub mod sled;
+mod sitetable;
+mod sled;
 pub mod spin;
-pub mod stats;
+mod stats;
 mod tls;
 mod toggle;
-pub mod tools;
+mod tools;
 mod trace;
 
 pub use api::{

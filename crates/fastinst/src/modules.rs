@@ -15,9 +15,9 @@
 //! kept since (a file replaced on disk meanwhile cannot give the wrong
 //! names), and build their table only when asked more often: a module with
 //! probe sites is asked once per site. Reading every module's table at
-//! start-up was a seventh of a sled build's start-up (QuickJS, SQLite:
-//! ~0.5 ms, mostly the C library's ~3,000 names, one allocation each), for
-//! a report that names one function there, the caller of `main`.
+//! start-up was a large share of a sled build's start-up (mostly the C
+//! library's thousands of names, one allocation each), for a report that
+//! names one function there, the caller of `main`.
 
 use parking_lot::Mutex;
 use providers::elf::{Function, SymbolTable};

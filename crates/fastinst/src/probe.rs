@@ -3,8 +3,35 @@
 use providers::finstrument::SiteForm;
 use std::ffi::CStr;
 
-/// A probe's dense id: probes are numbered 0, 1, 2, ... in discovery order.
-pub type ProbeId = u32;
+/// A probe's id: probes are numbered 0, 1, 2, ... in discovery order, and
+/// an id is never reused. In C it is a `uint32_t` (`fastinst_probe_id`),
+/// which this type is laid out as.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProbeId(u32);
+
+impl ProbeId {
+    /// The id with this number.
+    pub const fn new(n: u32) -> ProbeId {
+        ProbeId(n)
+    }
+
+    /// Its number: the count of probes discovered before it.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The id after this one (a sled's exit probe follows its entry).
+    pub(crate) const fn next(self) -> ProbeId {
+        ProbeId(self.0 + 1)
+    }
+}
+
+impl std::fmt::Display for ProbeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// A probe handler: receives the id of the probe that fired.
 pub type Handler = extern "C" fn(ProbeId);
@@ -22,17 +49,19 @@ pub enum ProbeKind {
 /// Which provider found the site.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum Provider {
     /// `-finstrument-functions` hook calls.
     Finstrument = 0,
     /// `-fpatchable-function-entry` NOP sleds listed in the ELF file
-    /// ([`crate::sled`]).
+    /// (the runtime's `sled` module).
     Patchable = 1,
 }
 
 /// How a probe's site is switched off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum Strategy {
     /// callpatch, one flipped opcode byte (the default: no trampoline, no
     /// wait, inactive cost of a NOP; valid at hook calls, whose callee
@@ -87,6 +116,7 @@ impl std::str::FromStr for Strategy {
 
 /// Everything known about a probe, fixed at discovery.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct ProbeMeta {
     /// Its id.
     pub id: ProbeId,

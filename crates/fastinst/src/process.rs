@@ -49,8 +49,8 @@ pub fn start_from_env() {
     // kernel makes a registration wait out an RCU grace period once a
     // second thread shares the memory (none while there is one). Left to
     // the first straddling patch, it landed after the profiler's sampler
-    // had started: SQLite's first straddling argument rewrite took 6.5 ms,
-    // and a profiled run's start-up 8-17 ms more than the floor's.
+    // had started and made that patch, and the run's start-up, milliseconds
+    // longer.
     let (wait, source) = wordpatch::default_wait();
     log::debug(format_args!("straddler wait {wait:?} ({source:?})"));
     crate::set_strategy(parse_or_warn::<Strategy>("FASTINST_STRATEGY", Strategy::Flip));
@@ -217,7 +217,7 @@ pub fn fork_child() {
 
 /// Before a library is loaded (the preload library's `dlopen` and
 /// `dlmopen`): a program with sleds gets its sled watcher now, when it
-/// first loads a library ([`crate::sled`]).
+/// first loads a library.
 pub fn library_loading() {
     crate::sled::library_loading();
 }

@@ -111,29 +111,29 @@ static PROBES: Segmented<Probe, SEGMENTS> = Segmented::new();
 /// The probe with id `id`, if it exists. Lock-free.
 #[inline(always)]
 pub fn get(id: ProbeId) -> Option<&'static Probe> {
-    PROBES.get(id)
+    PROBES.get(id.get())
 }
 
 /// Starts loading probe `id`'s lines for a toggle (see
 /// [`crate::prefetch`]).
 pub(crate) fn prefetch_for_toggle(id: ProbeId) {
-    PROBES.prefetch_for_write(id);
+    PROBES.prefetch_for_write(id.get());
 }
 
 /// Starts loading the first line of probe `id`'s record, all that a hook
 /// call reads of it before its handler (see [`Probe`]).
 #[inline(always)]
 pub(crate) fn prefetch_hot(id: ProbeId) {
-    PROBES.prefetch(id);
+    PROBES.prefetch(id.get());
 }
 
 /// Starts loading what switching probe `id` on writes besides its record
 /// (see [`prefetch_for_toggle`], which should have been issued for it a
 /// while before): its code line, for writing, if it is off, and a sled
-/// probe's sled record. The profiler's sampler switches ~30-90 functions'
-/// probes on per epoch, and each of those writes waited for a line the
-/// program's CPU held; prefetched, a sled build's epoch takes ~25% less
-/// (QuickJS: 15.5 to 11.3 us, medians of 5 runs).
+/// probe's sled record. The profiler's sampler switches many functions'
+/// probes on per epoch, and unprefetched each of those writes waits for a
+/// line the program's CPU holds (the measured gain is in the benches'
+/// results).
 pub(crate) fn prefetch_code_for_activation(id: ProbeId) {
     let Some(p) = get(id) else { return };
     if p.state.load(Ordering::Relaxed) & ON != 0 {
@@ -155,10 +155,10 @@ pub fn count() -> u32 {
 /// Appends a probe built by `make` from its new id. Callers serialise
 /// (discovery holds its lock), so ids are dense.
 pub(crate) fn push(make: impl FnOnce(ProbeId) -> Probe) -> Option<&'static Probe> {
-    PROBES.push_with(make).map(|(_, p)| p)
+    PROBES.push_with(|n| make(ProbeId::new(n))).map(|(_, p)| p)
 }
 
 /// Every published probe.
 pub fn iter() -> impl Iterator<Item = &'static Probe> {
-    (0..count()).filter_map(get)
+    (0..count()).filter_map(|n| get(ProbeId::new(n)))
 }

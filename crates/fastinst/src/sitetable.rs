@@ -193,6 +193,12 @@ pub fn get(k: u64) -> Option<u32> {
     }
 }
 
+/// The probe under `k` (a site, return-address or function key).
+#[inline(always)]
+pub(crate) fn probe(k: u64) -> Option<crate::probe::ProbeId> {
+    get(k).map(crate::probe::ProbeId::new)
+}
+
 /// Inserts or replaces `k -> v`; `false` if the table is full (the runtime
 /// keeps it under 3/4 full and refuses new probes past that).
 pub(crate) fn insert(k: u64, v: u32) -> bool {

@@ -17,6 +17,7 @@ pub(crate) static SLED_LOAD_TICKS: AtomicU64 = AtomicU64::new(0);
 /// `fastinst_stats`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Its size in bytes: the C caller sets it to `sizeof(fastinst_stats)`
     /// before `fastinst_get_stats`, which fills that many bytes at most

@@ -1,8 +1,8 @@
 //! The runtime's static (initial-exec) thread-local slots.
 //!
 //! Rust's `thread_local!` in a shared object uses the general-dynamic TLS
-//! model: every access is a `__tls_get_addr` call, about 10 ticks of the
-//! ~20 an empty probe invocation costs. Initial-exec is what `LD_PRELOAD`
+//! model: every access is a `__tls_get_addr` call, about half of what an
+//! empty probe invocation costs. Initial-exec is what `LD_PRELOAD`
 //! and libraries linked at start-up get from the static TLS block: one
 //! `fs:`-relative move. These slots are plain words with no destructor, so
 //! they work while a thread exits and in signal handlers; whatever needs a

@@ -17,10 +17,8 @@ fn word_off(site: &CallSite) -> [u8; 8] {
     b[..on.len()].copy_from_slice(on);
     if site.form().is_tail() {
         b[0] = 0xC3;
-    } else if on.len() == 5 {
-        b[..5].copy_from_slice(&[0x0F, 0x1F, 0x44, 0x00, 0x00]);
     } else {
-        b[..6].copy_from_slice(&[0x66, 0x0F, 0x1F, 0x44, 0x00, 0x00]);
+        b[..on.len()].copy_from_slice(wordpatch::nop(on.len()));
     }
     b
 }
@@ -100,7 +98,7 @@ fn set_sled_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
     }
     let _g = sled.lock();
     let partner = if p.meta.kind == ProbeKind::Entry {
-        sled.entry + 1
+        sled.entry.next()
     } else {
         sled.entry
     };

@@ -3,19 +3,16 @@
 //! never from the program's `malloc`.
 //!
 //! Why: a preloaded runtime that allocates from the program's heap changes
-//! the program. At start-up on QuickJS's sled build the runtime left
-//! ~14,600 live blocks (1.5 MB, most of them 8 to 128 bytes: records,
-//! names, tables) among the program's own, and a preload that only leaves a
-//! like heap behind (2,600 small leaked blocks, 1,300 short strings, a few
-//! freed runs) made QuickJS +25.6% slower (45 paired runs, 95% interval
-//! +19.2..+32.4%); the all-off floor of that build read +6% to +20% over
-//! the plain build in three runs while the same build run without the
-//! runtime did not.
+//! the program. At start-up the runtime leaves thousands of small live
+//! blocks (records, names, tables) among the program's own, and a preload
+//! that only leaves a like heap behind made an interpreter measurably
+//! slower, while the runtime with its own heap did not (the runs are in
+//! `crates/benches/results/`).
 //!
 //! At exit the program's heap no longer matters, and the reports allocate
 //! hundreds of thousands of blocks, growing strings and tables by
-//! doubling: this simple allocator touched 3,400 more pages there than
-//! `malloc` (SQLite), 2-7 ms more per report. So [`hand_over`] sends every
+//! doubling: this simple allocator touches more pages there than `malloc`
+//! does. So [`hand_over`] sends every
 //! later allocation to the system allocator; a block is freed (or grown) by
 //! whichever allocator made it, told apart by address.
 //!

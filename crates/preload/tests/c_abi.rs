@@ -50,22 +50,22 @@ fn strerror(code: i32) -> String {
 fn the_header_the_rust_errors_and_strerror_agree_on_every_code() {
     let h = header_codes();
     let rust: [(&str, Error); 8] = [
-        ("FASTINST_ENOPROBE", Error::NoSuchProbe(0)),
-        ("FASTINST_EUNLOADED", Error::Unloaded(0)),
+        ("FASTINST_ENOPROBE", Error::NoSuchProbe(fastinst::ProbeId::new(0))),
+        ("FASTINST_EUNLOADED", Error::Unloaded(fastinst::ProbeId::new(0))),
         ("FASTINST_ENOFUNCTION", Error::NoSuchFunction(0)),
         ("FASTINST_EINVAL", Error::InvalidArgument(String::new())),
         ("FASTINST_ECALLBACKS", Error::TooManyCallbacks(16)),
         (
             "FASTINST_EPATCH",
             Error::Patch {
-                id: 0,
+                id: fastinst::ProbeId::new(0),
                 source: callpatch::Error::Patch(wordpatch::Error::InvalidLength(9)),
             },
         ),
         (
             "FASTINST_EPATCH",
             Error::WordPatch {
-                id: 0,
+                id: fastinst::ProbeId::new(0),
                 source: wordpatch::Error::InvalidLength(9),
             },
         ),

@@ -47,9 +47,9 @@ pub const NORMALISED: [u8; SLED_LEN] = [0x66, 0x66, 0x66, 0x66, 0x90];
 /// clang's sled for `N = 5`: one 5-byte NOP (`nopl 0x8(%rax,%rax,1)`).
 const CLANG_NOP5: [u8; SLED_LEN] = [0x0f, 0x1f, 0x44, 0x00, 0x08];
 /// Sleds whose decoding is fixed, NOPs that end at entry + 5 (each checked
-/// by a test below), so [`sled_at`] takes them without the decoder: its
-/// tables cost ~1 ms to build at a sled build's start-up, and decoding
-/// each sled ~0.5 us more, where a `-fpatchable-function-entry` build
+/// by a test below), so [`sled_at`] takes them without the decoder, whose
+/// tables are costly to build at a sled build's start-up and whose decoding
+/// costs more per sled, where a `-fpatchable-function-entry` build
 /// otherwise needs no decoder at all.
 const KNOWN: [[u8; SLED_LEN]; 3] = [NORMALISED, [0x90; SLED_LEN], CLANG_NOP5];
 /// Longest `M` (bytes before the entry) looked for.

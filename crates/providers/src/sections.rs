@@ -5,8 +5,8 @@
 //! Why not `goblin::elf::Elf::parse`: it parses the whole file up front,
 //! every string table into a vector of validated strings and every
 //! relocation table, and the runtime parsed each module twice (symbols, then
-//! sleds). That was a tenth of a sled build's start-up (QuickJS: about 1 ms
-//! of 9). Here the headers are read once, symbols are read lazily by goblin,
+//! sleds), a sizeable share of a sled build's start-up. Here the headers
+//! are read once, symbols are read lazily by goblin,
 //! and a name is read from its string table only for the function symbols
 //! kept, with its bytes checked as UTF-8 one name at a time.
 

@@ -9,11 +9,11 @@
 use callpatch::Form;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use stress::ticks::Ticks;
-use stress::{Fixture, Strategy, Toggler};
+use stress::{Fixture, Method, Toggler};
 use wordpatch::Wait;
 
 /// One benchmark: toggles of a fresh site, left active afterwards.
-fn bench_site(g: &mut BenchmarkGroup<'_, Ticks>, strategy: Strategy, form: Form, split: usize, name: &str) {
+fn bench_site(g: &mut BenchmarkGroup<'_, Ticks>, strategy: Method, form: Form, split: usize, name: &str) {
     let fx = Fixture::new(form, split).expect("fixture");
     let t = Toggler::new(&fx, strategy).expect("toggler");
     let mut on = false;
@@ -33,8 +33,8 @@ fn toggles(c: &mut Criterion<Ticks>) {
         ("jmp", Form::JmpRel32),
     ];
     for (strategy, name) in [
-        (Strategy::CallFlip, "callpatch-flip"),
-        (Strategy::CallPaper, "callpatch-paper"),
+        (Method::CallFlip, "callpatch-flip"),
+        (Method::CallPaper, "callpatch-paper"),
     ] {
         let mut g = c.benchmark_group(name);
         for (fname, form) in forms {
@@ -46,9 +46,9 @@ fn toggles(c: &mut Criterion<Ticks>) {
     }
     let tmax = wordpatch::default_tmax();
     for (strategy, name) in [
-        (Strategy::WordSync(Wait::Tmax(tmax)), "wordpatch-sync-tmax"),
-        (Strategy::WordSync(Wait::SyncCore), "wordpatch-sync-synccore"),
-        (Strategy::WordAsync(Wait::Tmax(tmax)), "wordpatch-async-tmax"),
+        (Method::WordSync(Wait::Tmax(tmax)), "wordpatch-sync-tmax"),
+        (Method::WordSync(Wait::SyncCore), "wordpatch-sync-synccore"),
+        (Method::WordAsync(Wait::Tmax(tmax)), "wordpatch-async-tmax"),
     ] {
         let mut g = c.benchmark_group(name);
         g.sample_size(20);

@@ -1,12 +1,12 @@
 //! Tick measurements of every toggle operation, each beside a baseline taken
 //! in the same run, reported as median and p90 in TSC ticks.
 //!
-//! The TSC of a virtual machine may advance in coarse steps (26 ticks on this
-//! project's VM), so cheap operations are timed in batches and divided; the
+//! The TSC of a virtual machine may advance in coarse steps, so cheap
+//! operations are timed in batches and divided; the
 //! resolution found is printed with the results.
 
 use crate::fixture::{Fixture, NOP5};
-use crate::strategy::{Strategy, Toggler};
+use crate::method::{Method, Toggler};
 use callpatch::{CallSite, Form, Mode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -130,7 +130,7 @@ fn while_executing<R>(fx: &Arc<Fixture>, f: impl FnOnce() -> R) -> R {
 
 /// Straddler wordpatch toggles take thousands of ticks: time them one by one;
 /// everything else in batches of `batch`.
-fn batch_for(strategy: Strategy, fx: &Fixture, batch: u64) -> u64 {
+fn batch_for(strategy: Method, fx: &Fixture, batch: u64) -> u64 {
     if wordpatch::is_straddler(fx.site as usize, fx.form.len()) && !strategy.is_callpatch() {
         1
     } else {
@@ -153,7 +153,7 @@ pub fn baseline_busy_store(reps: usize) -> Stats {
 }
 
 /// Toggle cost of `strategy` on an idle site of `form` at `split`, per toggle.
-pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
+pub fn toggle_idle(strategy: Method, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
     let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
     let t = Toggler::new(&fx, strategy)?;
     let r = batched(batch_for(strategy, &fx, 64), reps, |i| {
@@ -164,7 +164,7 @@ pub fn toggle_idle(strategy: Strategy, form: Form, split: usize, reps: usize) ->
 }
 
 /// Toggle cost while another thread executes the site in a loop.
-pub fn toggle_busy(strategy: Strategy, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
+pub fn toggle_busy(strategy: Method, form: Form, split: usize, reps: usize) -> Result<Stats, String> {
     let fx = Arc::new(Fixture::new(form, split).map_err(|e| e.to_string())?);
     let t = Toggler::new(&fx, strategy)?;
     let r = while_executing(&fx, || {
@@ -302,20 +302,13 @@ pub fn field_passes(field: &SiteField, mode: Mode, reps: usize) -> (Stats, Stats
 pub fn fixture_in_state(form: Form, split: usize, state: &str) -> Result<Fixture, String> {
     match state {
         "active" => Fixture::new(form, split).map_err(|e| e.to_string()),
-        "nop" => {
-            let nop: &[u8] = if form.len() == 6 {
-                &[0x66, 0x0F, 0x1F, 0x44, 0, 0]
-            } else {
-                &NOP5
-            };
-            fixture_with_code(form, split, nop)
-        }
+        "nop" => fixture_with_code(form, split, wordpatch::nop(form.len())),
         "flip" | "paper" => {
             let fx = Fixture::new(form, split).map_err(|e| e.to_string())?;
             let strategy = if state == "flip" {
-                Strategy::CallFlip
+                Method::CallFlip
             } else {
-                Strategy::CallPaper
+                Method::CallPaper
             };
             Toggler::new(&fx, strategy)?.set(false)?;
             Ok(fx)

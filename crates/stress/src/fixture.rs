@@ -31,7 +31,7 @@ const SITE_LINE_END: usize = 64 * 8;
 /// Offset of the pointer slot for `call [rip+disp32]`.
 const PTR_SLOT: usize = 0x800;
 /// The 5-byte NOP that wordpatch tests toggle the call with.
-pub const NOP5: [u8; 5] = [0x0F, 0x1F, 0x44, 0x00, 0x00];
+pub use wordpatch::NOP5;
 
 /// One generated site and the code around it. Unmapped on drop.
 pub struct Fixture {

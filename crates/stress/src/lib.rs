@@ -5,7 +5,7 @@
 //! site at any cache-line split in its own pages, with code chosen so that
 //! every torn mixture of two states crashes or returns an impossible value;
 //! [`run_trial`] runs executor threads over the site while one patcher
-//! toggles it with a [`Strategy`], recording how many toggles overlapped
+//! toggles it with a [`Method`], recording how many toggles overlapped
 //! executor progress; [`run_forked`] runs a trial in a forked child so a
 //! crash is a counted failure; [`run_config`] aggregates trials into
 //! `N toggles, F failures`. The `fastinst-stress` binary drives it all; the
@@ -16,12 +16,12 @@ pub mod bench;
 mod campaign;
 mod crash;
 mod fixture;
-mod strategy;
+mod method;
 pub mod ticks;
 mod trial;
 
 pub use campaign::{run_config, ConfigResult, MIN_CORUN_RATIO, MIN_CORUN_TOGGLES};
 pub use crash::set_report_fd;
 pub use fixture::{Fixture, NOP5, REL_A};
-pub use strategy::{Strategy, Toggler};
+pub use method::{Method, Toggler};
 pub use trial::{run_forked, run_trial, Outcome, TrialSpec, TrialStats};

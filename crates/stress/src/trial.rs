@@ -2,7 +2,7 @@
 //! it; and the same trial run in a forked child so that a crash is counted.
 
 use crate::fixture::Fixture;
-use crate::strategy::{Strategy, Toggler};
+use crate::method::{Method, Toggler};
 use callpatch::Form;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug)]
 pub struct TrialSpec {
     /// Toggle strategy.
-    pub strategy: Strategy,
+    pub strategy: Method,
     /// Site form.
     pub form: Form,
     /// Bytes of the site before the line boundary (0: none).

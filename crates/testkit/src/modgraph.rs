@@ -110,6 +110,15 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, std::path::PathBuf)>)
 /// The source with comments, string and character literals blanked out
 /// (same length, newlines kept).
 pub fn strip(s: &str) -> String {
+    blank(s, true)
+}
+
+/// The source with its comments blanked out and its literals kept.
+pub fn strip_comments(s: &str) -> String {
+    blank(s, false)
+}
+
+fn blank(s: &str, literals: bool) -> String {
     let b: Vec<char> = s.chars().collect();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
@@ -163,7 +172,7 @@ pub fn strip(s: &str) -> String {
                 j += 1;
             }
             for &ch in &b[i..j.min(b.len())] {
-                blank(&mut out, ch);
+                keep_or_blank(&mut out, ch, literals);
             }
             i = j;
         } else if c == '"' {
@@ -172,7 +181,7 @@ pub fn strip(s: &str) -> String {
                 j += if b[j] == '\\' { 2 } else { 1 };
             }
             for &ch in &b[i..(j + 1).min(b.len())] {
-                blank(&mut out, ch);
+                keep_or_blank(&mut out, ch, literals);
             }
             i = j + 1;
         } else if c == '\'' {
@@ -187,7 +196,7 @@ pub fn strip(s: &str) -> String {
             match end {
                 Some(e) => {
                     for &ch in &b[i..=e] {
-                        blank(&mut out, ch);
+                        keep_or_blank(&mut out, ch, literals);
                     }
                     i = e + 1;
                 }
@@ -202,6 +211,10 @@ pub fn strip(s: &str) -> String {
         }
     }
     out
+}
+
+fn keep_or_blank(out: &mut String, c: char, blank: bool) {
+    out.push(if !blank || c == '\n' { c } else { ' ' });
 }
 
 fn ident_char(c: char) -> bool {

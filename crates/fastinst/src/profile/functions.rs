@@ -11,6 +11,7 @@
 //! first K).
 
 use super::window::Window;
+use crate::probe::ProbeId;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Exits per window that may match no sampled call before an exhausted
@@ -165,9 +166,9 @@ impl Func {
     /// `slot` (with [`TAIL_HINT`] for a tail jump), for
     /// [`prefetch_exit`](Self::prefetch_exit). The first exit probe the
     /// function has keeps it: most have one.
-    pub(crate) fn hint_exit(&self, id: u32, slot: u32) {
+    pub(crate) fn hint_exit(&self, id: ProbeId, slot: u32) {
         if self.exit_slot.load(Ordering::Relaxed) == 0 {
-            self.exit_probe.store(id, Ordering::Relaxed);
+            self.exit_probe.store(id.get(), Ordering::Relaxed);
             self.exit_slot.store(slot | EXIT_HINT, Ordering::Release);
         }
     }
@@ -187,7 +188,7 @@ impl Func {
         if slot == 0 {
             return;
         }
-        crate::registry::prefetch_hot(self.exit_probe.load(Ordering::Relaxed));
+        crate::registry::prefetch_hot(ProbeId::new(self.exit_probe.load(Ordering::Relaxed)));
         crate::sitetable::prefetch_slot(slot & !(EXIT_HINT | TAIL_HINT));
         if slot & TAIL_HINT != 0 {
             crate::sitetable::prefetch_slot(crate::sitetable::slot_of(crate::sitetable::key::ret(caller)));
@@ -253,8 +254,8 @@ const _: () = assert!(crate::registry::MAX_PROBES <= ENTRY_BIT as usize);
 
 impl FuncProbes {
     /// Adds probe `id` (discovery only: pushes are serialised).
-    pub(crate) fn push(&self, id: u32, entry: bool) {
-        let word = id | if entry { ENTRY_BIT } else { 0 };
+    pub(crate) fn push(&self, id: ProbeId, entry: bool) {
+        let word = id.get() | if entry { ENTRY_BIT } else { 0 };
         let n = self.len.load(Ordering::Relaxed) as usize;
         if let Some(slot) = self.inline.get(n) {
             slot.store(word, Ordering::Relaxed);
@@ -280,9 +281,9 @@ impl FuncProbes {
     /// Allocates nothing and takes no lock: the sampler may run on a
     /// thread the C library does not know ([`crate::rawthread`]).
     #[inline]
-    pub(crate) fn for_each(&self, mut f: impl FnMut(u32, bool)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(ProbeId, bool)) {
         let n = self.len.load(Ordering::Acquire) as usize;
-        let mut each = |word: u32| f(word & !ENTRY_BIT, word & ENTRY_BIT != 0);
+        let mut each = |word: u32| f(ProbeId::new(word & !ENTRY_BIT), word & ENTRY_BIT != 0);
         for slot in &self.inline[..n.min(self.inline.len())] {
             each(slot.load(Ordering::Relaxed));
         }
@@ -345,9 +346,9 @@ mod tests {
         let probes = FuncProbes::default();
         let want = [(7, true), (8, false), (1 << 23, true), (9, false), (0, false)];
         for (i, &(id, entry)) in want.iter().enumerate() {
-            probes.push(id, entry);
+            probes.push(ProbeId::new(id), entry);
             let mut out = Vec::new();
-            probes.for_each(|id, entry| out.push((id, entry)));
+            probes.for_each(|id, entry| out.push((id.get(), entry)));
             assert_eq!(out, want[..=i]);
         }
     }
@@ -358,10 +359,10 @@ mod tests {
         let probes = FuncProbes::default();
         let want: Vec<(u32, bool)> = (0..100).map(|i| (i * 3, i % 2 == 0)).collect();
         for &(id, entry) in &want {
-            probes.push(id, entry);
+            probes.push(ProbeId::new(id), entry);
         }
         let mut out = Vec::new();
-        probes.for_each(|id, entry| out.push((id, entry)));
+        probes.for_each(|id, entry| out.push((id.get(), entry)));
         assert_eq!(out, want);
     }
 
@@ -375,7 +376,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 for &(id, entry) in &want {
-                    probes.push(id, entry);
+                    probes.push(ProbeId::new(id), entry);
                 }
                 done.store(true, Ordering::Release);
             });
@@ -383,7 +384,7 @@ mod tests {
             loop {
                 let finished = done.load(Ordering::Acquire);
                 let mut out = Vec::new();
-                probes.for_each(|id, entry| out.push((id, entry)));
+                probes.for_each(|id, entry| out.push((id.get(), entry)));
                 assert_eq!(out[..], want[..out.len()], "read {reads} is not a prefix");
                 reads += 1;
                 if finished {

@@ -83,9 +83,9 @@ pub(super) fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
 /// its quota never fills again to have it re-armed. Threads that enter a
 /// function together make it common (another thread's call counted past
 /// the quota switches the same probe off again): before this check, with
-/// 50 us epochs, 6 to 8 of `tests/c/rearm.c`'s 8 functions were lost in
-/// every run, and 1 to 3 functions of one-threaded QuickJS and SQLite;
-/// none since. At the default 10 ms epochs it is rarer, not impossible.
+/// very short epochs most of `tests/c/rearm.c`'s functions were lost in
+/// every run, and some functions of one-threaded interpreters; at the
+/// default epochs it is rarer, not impossible.
 ///
 /// The sampler reopens the window, fences, then reads the entry probes'
 /// state; the handler switches, fences, then reads `exhausted`: with both

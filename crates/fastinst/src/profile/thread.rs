@@ -20,6 +20,7 @@ use super::hist::Hist;
 use super::paths::{PathEnd, Paths, Segment, ROOT};
 use super::table::{mix, OpenTable, Slot};
 use crate::prefetch::line as prefetch;
+use crate::probe::ProbeId;
 
 use std::sync::atomic::Ordering;
 
@@ -40,7 +41,7 @@ pub(crate) struct Frame {
     /// exit works it out from `entry` if it can by then.
     pub from: u64,
     /// The entry probe it came through.
-    pub entry: u32,
+    pub entry: ProbeId,
     /// Entry time (TSC: the entry hook's stamp).
     pub t0: u64,
     /// The thread's hook ticks at the entry hook's stamp (before its own).
@@ -532,7 +533,7 @@ mod tests {
                         cfa: 0,
                         caller: 0,
                         from,
-                        entry: 0,
+                        entry: ProbeId::new(0),
                         t0: 0,
                         h0: 0,
                         child: 0,

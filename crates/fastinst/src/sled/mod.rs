@@ -29,10 +29,8 @@
 
 pub(crate) mod shadow;
 pub(crate) mod site;
-pub mod trampoline;
+pub(crate) mod trampoline;
 mod unwind;
-
-pub use trampoline::{vector_width, VectorWidth};
 
 use crate::discovery::{with_state, DiscoveryGuard, State};
 use crate::modules::{LiveMemory, Module};
@@ -46,8 +44,6 @@ use site::Sled;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-
-pub use shadow::{depth as shadow_depth, CAPACITY as SHADOW_CAPACITY};
 
 /// What one [`load`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -247,7 +243,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         *report.skipped.entry("no stub memory in reach".into()).or_default() += sleds.len();
         return;
     };
-    for (((sl, func), &id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+    for (((sl, func), &raw_id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+        let id = ProbeId::new(raw_id);
         let rel = stub as i64 - (sl.entry as i64 + SLED_LEN as i64);
         // SAFETY: the sled is one 5-byte NOP instruction at a function entry
         // (validated and normalised above) that this runtime owns from now
@@ -266,7 +263,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call)));
         let name = s.name_and_extent(*func);
         let split = wordpatch::split(sl.entry as usize, SLED_LEN) as u8;
-        let mut pushed = [0u32; 2];
+        let mut pushed = [ProbeId::new(u32::MAX); 2];
         for (k, kind) in [ProbeKind::Entry, ProbeKind::Exit].into_iter().enumerate() {
             let p = registry::push(|pid| Probe {
                 meta: ProbeMeta {
@@ -292,9 +289,9 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                 tool: AtomicU64::new(0),
                 inactive_hits: AtomicU64::new(0),
             });
-            pushed[k] = p.map_or(u32::MAX, |p| p.meta.id);
+            pushed[k] = p.map_or(ProbeId::new(u32::MAX), |p| p.meta.id);
         }
-        if pushed != [id, id + 1] {
+        if pushed != [id, id.next()] {
             // Cannot happen while the discovery lock serialises pushes and
             // the capacity check above holds; never leave a stub pointing
             // at someone else's id.
@@ -303,11 +300,11 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             ));
             break;
         }
-        sitetable::insert(key::site(sl.entry), id);
+        sitetable::insert(key::site(sl.entry), id.get());
         sitetable::insert(key::patched(sl.entry), SLED_LEN as u32);
         FUNCTIONS.fetch_add(1, Ordering::Relaxed);
         report.functions += 1;
-        for pid in [id, id + 1] {
+        for pid in [id, id.next()] {
             announce(s, pid);
         }
     }

@@ -47,6 +47,7 @@
 
 use crate::code::ON;
 use crate::hooks;
+use crate::probe::ProbeId;
 use crate::registry;
 use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize, Ordering};
 
@@ -85,7 +86,7 @@ pub(crate) static EXITS: AtomicU64 = AtomicU64::new(0);
 struct Entry {
     cfa: u64,
     orig: u64,
-    exit: u32,
+    exit: ProbeId,
     restored: u32,
 }
 
@@ -239,7 +240,8 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
-pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) -> usize {
+pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -> usize {
+    let id = ProbeId::new(raw_id);
     if crate::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
@@ -272,19 +274,19 @@ pub(crate) extern "C" fn sled_enter(id: u32, slot: *mut u64, started: u64) -> us
 /// (`crate::clock::calibrate`): no probe has it (so its handlers find
 /// nothing to run), and its exit is watched as if its exit probe were on,
 /// so the calibration pays every step a watched sled call pays.
-pub(crate) const CALIBRATION_ID: u32 = providers::tag::MAX_SIGN_ID - 2;
+pub(crate) const CALIBRATION_ID: ProbeId = ProbeId::new(providers::tag::MAX_SIGN_ID - 2);
 
 /// Substitutes the return address of the call entered through `id` when
 /// its exit probe is on and its entry handler did not decline ([`decline_exit`]).
 #[inline(always)]
-fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
+fn watch_exit(id: ProbeId, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
     if crate::tls::take_exit_declined() {
         return;
     }
     let tramp = return_addr();
     // The clock's calibration probe has no record; its exit is watched.
     if id != CALIBRATION_ID {
-        let Some(x) = registry::get(id + 1) else { return };
+        let Some(x) = registry::get(id.next()) else { return };
         if x.state.load(Ordering::Relaxed) & ON == 0 {
             return;
         }
@@ -306,7 +308,7 @@ fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
         Entry {
             cfa: u64::MAX,
             orig: 0,
-            exit: 0,
+            exit: ProbeId::new(0),
             restored: 1,
         },
     );
@@ -317,7 +319,7 @@ fn watch_exit(id: u32, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
         Entry {
             cfa,
             orig: ret,
-            exit: id + 1,
+            exit: id.next(),
             restored: 0,
         },
     );
@@ -411,15 +413,5 @@ pub(crate) fn restore_all() {
         }
         e.restored = 1;
         set_entry(s, i, e);
-    }
-}
-
-/// Entries on this thread's shadow stack now (for tests).
-pub fn depth() -> usize {
-    let s = tls_get();
-    if s.is_null() {
-        0
-    } else {
-        top(s)
     }
 }

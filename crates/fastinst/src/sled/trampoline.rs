@@ -418,7 +418,7 @@ pub(crate) fn calibration_functions(id: u32) -> Option<(usize, usize)> {
     code[0] = 0xE8;
     code[1..5].copy_from_slice(&((stub as i64 - (at + 5) as i64) as i32).to_le_bytes());
     code[5] = 0xC3;
-    code[16..21].copy_from_slice(&[0x0F, 0x1F, 0x44, 0x00, 0x00]);
+    code[16..21].copy_from_slice(&wordpatch::NOP5);
     code[21] = 0xC3;
     // SAFETY: the page is ours and writable; then it becomes read+execute
     // and is never written again.

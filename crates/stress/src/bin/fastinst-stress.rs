@@ -2,10 +2,11 @@
 //! benchmarks for wordpatch and callpatch. `fastinst-stress --help` for usage.
 
 use callpatch::{Form, Mode};
+use fastinst_args::{split_list, ArgError, Argv, Item};
 use std::process::ExitCode;
 use std::time::Duration;
 use stress::bench::{self, Row};
-use stress::{run_config, Strategy, TrialSpec};
+use stress::{run_config, Method, TrialSpec};
 use wordpatch::Wait;
 
 const USAGE: &str = "\
@@ -34,10 +35,6 @@ bench options:
   --quick             fewer repetitions
 ";
 
-fn parse_list<T>(s: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    s.split(',').filter(|x| !x.is_empty()).map(|x| f(x.trim())).collect()
-}
-
 fn parse_form(s: &str) -> Result<Form, String> {
     match s {
         "call" => Ok(Form::CallRel32),
@@ -49,7 +46,7 @@ fn parse_form(s: &str) -> Result<Form, String> {
 }
 
 struct RunArgs {
-    strategies: Vec<Strategy>,
+    strategies: Vec<Method>,
     forms: Option<Vec<Form>>,
     splits: Option<Vec<usize>>,
     executors: usize,
@@ -62,7 +59,7 @@ struct RunArgs {
 fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let mut r = RunArgs {
-        strategies: parse_list(
+        strategies: split_list(
             "word-synccore,word-async-synccore,word-tmax,word-async,call-paper,call-flip",
             |s| s.parse(),
         )?,
@@ -74,28 +71,25 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         seconds: 1.0,
         expect_failure: false,
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
-            "--strategies" => r.strategies = parse_list(&val()?, |s| s.parse())?,
-            "--forms" => r.forms = Some(parse_list(&val()?, parse_form)?),
-            "--splits" => {
-                r.splits = Some(parse_list(&val()?, |s| {
-                    s.parse().map_err(|_| format!("bad split `{s}`"))
-                })?)
-            }
-            "--executors" => r.executors = val()?.parse().map_err(|_| "bad --executors")?,
-            "--trials" => r.trials = val()?.parse().map_err(|_| "bad --trials")?,
-            "--toggles" => r.toggles = val()?.parse().map_err(|_| "bad --toggles")?,
-            "--seconds" => r.seconds = val()?.parse().map_err(|_| "bad --seconds")?,
-            "--long" => {
+    let mut argv = Argv::new(args);
+    while let Some(item) = argv.next_item() {
+        match item {
+            Item::Opt(n @ "--strategies", i) => r.strategies = split_list(argv.value(n, i)?, |s| s.parse())?,
+            Item::Opt(n @ "--forms", i) => r.forms = Some(split_list(argv.value(n, i)?, parse_form)?),
+            Item::Opt(n @ "--splits", i) => r.splits = Some(argv.list(n, i, "a split")?),
+            Item::Opt(n @ "--executors", i) => r.executors = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--trials", i) => r.trials = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--toggles", i) => r.toggles = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--seconds", i) => r.seconds = argv.parsed(n, i, "a number of seconds")?,
+            Item::Opt("--long", None) => {
                 r.toggles = 100_000_000;
                 r.trials = 1;
                 r.seconds = 1e7;
             }
-            "--expect-failure" => r.expect_failure = true,
-            other => return Err(format!("unknown option `{other}`")),
+            Item::Opt("--expect-failure", None) => r.expect_failure = true,
+            Item::Opt(other, _) => return Err(ArgError::unknown(other).into()),
+            Item::Positional(p) => return Err(format!("unexpected argument `{p}`")),
+            Item::EndOfOptions => {}
         }
     }
     if r.executors == 0 || r.trials == 0 {
@@ -166,7 +160,7 @@ fn cmd_demo() -> Result<bool, String> {
         "strategy", "toggles", "calls active", "calls off", "torn"
     );
     for strategy in ["call-flip", "call-paper", "word-synccore", "word-async-synccore"] {
-        let strategy: Strategy = strategy.parse()?;
+        let strategy: Method = strategy.parse()?;
         let fx = Arc::new(stress::Fixture::new(Form::CallRel32, 3).map_err(|e| e.to_string())?);
         let t = stress::Toggler::new(&fx, strategy)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -276,8 +270,8 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
         );
     }
     for (name, strategy) in [
-        ("callpatch flip", Strategy::CallFlip),
-        ("callpatch paper", Strategy::CallPaper),
+        ("callpatch flip", Method::CallFlip),
+        ("callpatch paper", Method::CallPaper),
     ] {
         for form in Form::ALL {
             for split in 0..form.len() {
@@ -292,12 +286,12 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     for split in 0..5 {
         row(
             format!("callpatch flip: toggle CallRel32 split {split}, other core executing"),
-            bench::toggle_busy(Strategy::CallFlip, Form::CallRel32, split, reps)?,
+            bench::toggle_busy(Method::CallFlip, Form::CallRel32, split, reps)?,
             'C',
         );
         row(
             format!("callpatch paper: toggle CallRel32 split {split}, other core executing"),
-            bench::toggle_busy(Strategy::CallPaper, Form::CallRel32, split, reps)?,
+            bench::toggle_busy(Method::CallPaper, Form::CallRel32, split, reps)?,
             'C',
         );
     }
@@ -305,23 +299,23 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
     let wreps = if quick { 51 } else { 201 };
     row(
         "wordpatch: patch non-straddling word (call<->nop)".into(),
-        bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, 0, reps)?,
+        bench::toggle_idle(Method::WordSync(Wait::Tmax(tmax)), Form::CallRel32, 0, reps)?,
         'B',
     );
     for split in 1..5 {
         row(
             format!("wordpatch sync Tmax({tmax}): straddler split {split}"),
-            bench::toggle_idle(Strategy::WordSync(Wait::Tmax(tmax)), Form::CallRel32, split, wreps)?,
+            bench::toggle_idle(Method::WordSync(Wait::Tmax(tmax)), Form::CallRel32, split, wreps)?,
             'B',
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, idle"),
-            bench::toggle_idle(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
+            bench::toggle_idle(Method::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
             'B',
         );
         row(
             format!("wordpatch sync SyncCore: straddler split {split}, other core executing"),
-            bench::toggle_busy(Strategy::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
+            bench::toggle_busy(Method::WordSync(Wait::SyncCore), Form::CallRel32, split, wreps)?,
             'C',
         );
         row(

@@ -1,4 +1,10 @@
-//! The ways a site can be toggled, as the stress harness and benches drive them.
+//! The methods a stress trial toggles a site with: the patching layers'
+//! protocols, each with its wait, and a negative control. The runtime's
+//! `fastinst::Strategy` picks among the same protocols with the process's
+//! default wait (`flip` is [`Method::CallFlip`], `paper`
+//! [`Method::CallPaper`], `word-sync` and `word-async` are
+//! [`Method::WordSync`] and [`Method::WordAsync`]); the stress harness
+//! needs the wait spelled out and the control, so it has its own type.
 
 use crate::fixture::{Fixture, NOP5};
 use callpatch::{CallSite, Form, Mode};
@@ -6,9 +12,9 @@ use std::fmt;
 use std::str::FromStr;
 use wordpatch::{patch_with, start_patch, store_in_line, PatchOptions, Progress, Wait};
 
-/// A toggle strategy under test.
+/// A toggle method under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
+pub enum Method {
     /// wordpatch synchronous `patch`, `call` <-> 5-byte NOP, with this wait.
     WordSync(Wait),
     /// wordpatch `start_patch` + `finish_patch` polling, with this wait.
@@ -22,34 +28,34 @@ pub enum Strategy {
     CallFlip,
 }
 
-impl Strategy {
+impl Method {
     /// Whether the strategy toggles call sites of `form` (wordpatch
     /// strategies toggle `call rel32` against a NOP).
     pub fn supports(self, form: Form) -> bool {
-        matches!(self, Strategy::CallPaper | Strategy::CallFlip) || form == Form::CallRel32
+        matches!(self, Method::CallPaper | Method::CallFlip) || form == Form::CallRel32
     }
 
     /// Whether the strategy is a callpatch mode (no waits at any split).
     pub fn is_callpatch(self) -> bool {
-        matches!(self, Strategy::CallPaper | Strategy::CallFlip)
+        matches!(self, Method::CallPaper | Method::CallFlip)
     }
 }
 
-impl fmt::Display for Strategy {
+impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Strategy::WordSync(Wait::Tmax(t)) => write!(f, "word-tmax:{t}"),
-            Strategy::WordSync(Wait::SyncCore) => write!(f, "word-synccore"),
-            Strategy::WordAsync(Wait::Tmax(t)) => write!(f, "word-async:{t}"),
-            Strategy::WordAsync(Wait::SyncCore) => write!(f, "word-async-synccore"),
-            Strategy::WordNaive => write!(f, "word-naive"),
-            Strategy::CallPaper => write!(f, "call-paper"),
-            Strategy::CallFlip => write!(f, "call-flip"),
+            Method::WordSync(Wait::Tmax(t)) => write!(f, "word-tmax:{t}"),
+            Method::WordSync(Wait::SyncCore) => write!(f, "word-synccore"),
+            Method::WordAsync(Wait::Tmax(t)) => write!(f, "word-async:{t}"),
+            Method::WordAsync(Wait::SyncCore) => write!(f, "word-async-synccore"),
+            Method::WordNaive => write!(f, "word-naive"),
+            Method::CallPaper => write!(f, "call-paper"),
+            Method::CallFlip => write!(f, "call-flip"),
         }
     }
 }
 
-impl FromStr for Strategy {
+impl FromStr for Method {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let (name, arg) = match s.split_once(':') {
@@ -58,13 +64,13 @@ impl FromStr for Strategy {
         };
         let tmax = || Wait::Tmax(arg.unwrap_or_else(wordpatch::default_tmax));
         Ok(match name {
-            "word-tmax" => Strategy::WordSync(tmax()),
-            "word-synccore" => Strategy::WordSync(Wait::SyncCore),
-            "word-async" => Strategy::WordAsync(tmax()),
-            "word-async-synccore" => Strategy::WordAsync(Wait::SyncCore),
-            "word-naive" => Strategy::WordNaive,
-            "call-paper" => Strategy::CallPaper,
-            "call-flip" => Strategy::CallFlip,
+            "word-tmax" => Method::WordSync(tmax()),
+            "word-synccore" => Method::WordSync(Wait::SyncCore),
+            "word-async" => Method::WordAsync(tmax()),
+            "word-async-synccore" => Method::WordAsync(Wait::SyncCore),
+            "word-naive" => Method::WordNaive,
+            "call-paper" => Method::CallPaper,
+            "call-flip" => Method::CallFlip,
             _ => {
                 return Err(format!(
                     "unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-async-synccore, \
@@ -77,7 +83,7 @@ impl FromStr for Strategy {
 
 /// Toggles one fixture's site with one strategy.
 pub struct Toggler {
-    strategy: Strategy,
+    strategy: Method,
     site: *mut u8,
     on: Vec<u8>,
     call: Option<CallSite>,
@@ -86,12 +92,12 @@ pub struct Toggler {
 impl Toggler {
     /// Prepares `strategy` on the fixture's site (makes its page writable,
     /// places a trampoline if paper mode needs one).
-    pub fn new(fx: &Fixture, strategy: Strategy) -> Result<Toggler, String> {
+    pub fn new(fx: &Fixture, strategy: Method) -> Result<Toggler, String> {
         if !strategy.supports(fx.form) {
             return Err(format!("{strategy} does not toggle {:?} sites", fx.form));
         }
         let call = match strategy {
-            Strategy::CallPaper | Strategy::CallFlip => {
+            Method::CallPaper | Method::CallFlip => {
                 // SAFETY: the fixture's site is a call of this form to `A`,
                 // which follows the C ABI, and this toggler owns its
                 // toggling.
@@ -127,12 +133,12 @@ impl Toggler {
     pub fn set(&self, on: bool) -> Result<(), String> {
         let (new, old): (&[u8], &[u8]) = if on { (&self.on, &NOP5) } else { (&NOP5, &self.on) };
         match self.strategy {
-            Strategy::CallPaper | Strategy::CallFlip => {
+            Method::CallPaper | Method::CallFlip => {
                 let call = self.call.as_ref().expect("call site prepared");
                 let r = if on {
                     call.activate()
                 } else {
-                    call.deactivate(if self.strategy == Strategy::CallPaper {
+                    call.deactivate(if self.strategy == Method::CallPaper {
                         Mode::Paper
                     } else {
                         Mode::Flip
@@ -140,7 +146,7 @@ impl Toggler {
                 };
                 r.map_err(|e| e.to_string())
             }
-            Strategy::WordSync(wait) => {
+            Method::WordSync(wait) => {
                 let o = PatchOptions {
                     expected: Some(old),
                     wait: Some(wait),
@@ -150,7 +156,7 @@ impl Toggler {
                 // boundaries for the executors.
                 unsafe { patch_with(self.site, new, &o) }.map_err(|e| e.to_string())
             }
-            Strategy::WordAsync(wait) => {
+            Method::WordAsync(wait) => {
                 let o = PatchOptions {
                     expected: Some(old),
                     wait: Some(wait),
@@ -164,7 +170,7 @@ impl Toggler {
                 }
                 Ok(())
             }
-            Strategy::WordNaive => {
+            Method::WordNaive => {
                 let addr = self.site as usize;
                 let s = wordpatch::split(addr, new.len());
                 if s == 0 {
