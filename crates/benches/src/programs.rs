@@ -126,7 +126,7 @@ pub enum Program {
     /// libzstd's multi-threaded compressor: 32 MB of generated text with
     /// four worker threads (more threads than this machine's CPUs, on two).
     Zstd,
-    /// fastinst's bundled example (`crates/preload/examples/c/demo.c`):
+    /// fastinst's bundled example (`crates/cli/examples/c/demo.c`):
     /// four threads serving requests, with known call counts.
     Demo,
 }
@@ -225,7 +225,7 @@ impl Program {
                 let _ = root;
                 vec![
                     Path::new(env!("CARGO_MANIFEST_DIR"))
-                        .join("../preload/examples/c/demo.c")
+                        .join("../cli/examples/c/demo.c")
                         .display()
                         .to_string(),
                     "-pthread".into(),

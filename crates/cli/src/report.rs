@@ -8,15 +8,23 @@ use std::path::{Path, PathBuf};
 /// Usage text.
 pub const USAGE: &str = "\
 usage: fastinst report [options] FILE.json
+       fastinst report --diff [--svg PATH] [-o PATH] BEFORE.json AFTER.json
 
 Reads a profile saved by the profiler (fastinst-profile.<pid>.json, schema
-fastinst-profile/2, or /1 from older versions) and renders it again: the text table (default), folded
-stacks, the flame graph, or the JSON itself.
+fastinst-profile/3, or /2 and /1 from older versions) and renders it again:
+the text table (default), folded stacks, the flame graph, pprof, or the JSON
+itself. With --diff, compares two profiles: per function the change in
+calls, self and total time and p50/p99, the most changed first (by self
+time, then total time); --svg then writes a differential flame graph (the
+second run's stacks, red where they grew, blue where they shrank).
 
 options:
-  --format F        what to print: text (default), folded, svg, json
+  --format F        what to print: text (default), folded, svg, json, or
+                    pprof (gzipped profile.proto for `go tool pprof` and
+                    the backends that ingest pprof; needs -o)
   -o, --output PATH write it to PATH instead of stdout
   --svg PATH        also write the flame graph to PATH
+  --diff            compare two profiles (see above)
   -h, --help        this text
 ";
 
@@ -31,6 +39,8 @@ pub enum Format {
     Svg,
     /// The JSON, pretty-printed.
     Json,
+    /// Gzipped `profile.proto`.
+    Pprof,
 }
 
 /// A parsed `fastinst report`.
@@ -44,12 +54,15 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
     /// `--svg`.
     pub svg: Option<PathBuf>,
+    /// `--diff`: the first profile, compared with [`ReportArgs::file`].
+    pub before: Option<PathBuf>,
 }
 
 /// Parses the arguments of `fastinst report`; `None` for `--help`.
 pub fn parse(argv: &[String]) -> Result<Option<ReportArgs>> {
     let mut a = Args::new("report", argv);
     let (mut file, mut format, mut output, mut svg) = (None, Format::Text, None, None);
+    let (mut diff, mut files) = (false, Vec::new());
     while let Some(item) = a.next_item() {
         match item {
             Item::Opt("-h" | "--help", _) => return Ok(None),
@@ -59,22 +72,45 @@ pub fn parse(argv: &[String]) -> Result<Option<ReportArgs>> {
                     "folded" => Format::Folded,
                     "svg" => Format::Svg,
                     "json" => Format::Json,
-                    other => return Err(a.usage(format!("{n}: `{other}` is not one of text, folded, svg, json"))),
+                    "pprof" => Format::Pprof,
+                    other => {
+                        return Err(a.usage(format!("{n}: `{other}` is not one of text, folded, svg, json, pprof")))
+                    }
                 }
             }
             Item::Opt(n @ ("-o" | "--output"), i) => output = Some(PathBuf::from(a.value(n, i)?)),
             Item::Opt(n @ "--svg", i) => svg = Some(PathBuf::from(a.value(n, i)?)),
+            Item::Opt("--diff", None) => diff = true,
             Item::Opt(other, _) => return Err(a.unknown(other)),
-            Item::Positional(p) => a.one_file(&mut file, p, "report")?,
-            Item::EndOfOptions => a.one_file_after_options(&mut file, "report")?,
+            Item::Positional(p) => files.push(PathBuf::from(p)),
+            Item::EndOfOptions => files.extend(a.remaining().iter().map(PathBuf::from)),
+        }
+    }
+    let mut before = None;
+    if diff {
+        if files.len() != 2 {
+            return Err(a.usage("--diff compares two profiles: BEFORE.json AFTER.json"));
+        }
+        if format != Format::Text {
+            return Err(a.usage("--diff writes a table (and --svg a flame graph), not --format"));
+        }
+        file = files.pop();
+        before = files.pop();
+    } else {
+        for p in &files {
+            a.one_file(&mut file, &p.to_string_lossy(), "report")?;
         }
     }
     let file = file.ok_or_else(|| a.usage("no report file given (fastinst report FILE.json)"))?;
+    if format == Format::Pprof && output.is_none() {
+        return Err(a.usage("--format pprof is binary: give the file with -o FILE.pb.gz"));
+    }
     Ok(Some(ReportArgs {
         file,
         format,
         output,
         svg,
+        before,
     }))
 }
 
@@ -99,21 +135,27 @@ pub fn load(path: &Path) -> Result<Report> {
     serde_json::from_value(value).map_err(|e| bad(format!("a {schema} report with a bad field: {e}")))
 }
 
-/// Renders `r` as `format`.
-pub fn render(r: &Report, format: Format, path: &Path) -> Result<String> {
+/// Renders `r` as `format`: text, except for pprof's gzipped bytes.
+pub fn render(r: &Report, format: Format, path: &Path) -> Result<Vec<u8>> {
     Ok(match format {
-        Format::Text => report::render_text(r),
-        Format::Folded => report::render_folded(r),
-        Format::Svg => report::render_svg(r).map_err(|problem| CliError::BadFile {
-            path: path.into(),
-            problem: format!("cannot draw the flame graph: {problem}"),
-        })?,
-        Format::Json => serde_json::to_string_pretty(r).expect("a Report always serialises") + "\n",
+        Format::Text => report::render_text(r).into_bytes(),
+        Format::Folded => report::render_folded(r).into_bytes(),
+        Format::Svg => report::render_svg(r)
+            .map_err(|problem| CliError::BadFile {
+                path: path.into(),
+                problem: format!("cannot draw the flame graph: {problem}"),
+            })?
+            .into_bytes(),
+        Format::Json => (serde_json::to_string_pretty(r).expect("a Report always serialises") + "\n").into_bytes(),
+        Format::Pprof => report::render_pprof(r),
     })
 }
 
 /// Runs `fastinst report`.
 pub fn run(a: &ReportArgs) -> Result<()> {
+    if let Some(before) = &a.before {
+        return run_diff(before, a);
+    }
     let r = load(&a.file)?;
     if let Some(svg) = &a.svg {
         let text = render(&r, Format::Svg, &a.file)?;
@@ -124,7 +166,31 @@ pub fn run(a: &ReportArgs) -> Result<()> {
             eprintln!("fastinst: flame graph: {}", svg.display());
         }
     }
-    let text = render(&r, a.format, &a.file)?;
+    let bytes = render(&r, a.format, &a.file)?;
+    match &a.output {
+        Some(p) => std::fs::write(p, bytes).map_err(CliError::io(p)),
+        None => crate::print_out(&String::from_utf8(bytes).expect("the text formats are UTF-8")),
+    }
+}
+
+fn run_diff(before: &Path, a: &ReportArgs) -> Result<()> {
+    let (r0, r1) = (load(before)?, load(&a.file)?);
+    if let Some(svg) = &a.svg {
+        match report::diff::render_diff_svg(&r0, &r1) {
+            Ok(Some(text)) => {
+                std::fs::write(svg, text).map_err(CliError::io(svg))?;
+                eprintln!("fastinst: differential flame graph: {}", svg.display());
+            }
+            Ok(None) => eprintln!("fastinst: neither profile has sampled stacks, so no flame graph"),
+            Err(problem) => {
+                return Err(CliError::BadFile {
+                    path: a.file.clone(),
+                    problem: format!("cannot draw the differential flame graph: {problem}"),
+                })
+            }
+        }
+    }
+    let text = report::diff::render_diff_text(&r0, &r1);
     match &a.output {
         Some(p) => std::fs::write(p, text).map_err(CliError::io(p)),
         None => crate::print_out(&text),

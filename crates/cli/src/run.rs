@@ -165,9 +165,42 @@ fn a_value(x: f64) -> String {
     }
 }
 
+/// The program `name` runs: itself if it names a path, else the first
+/// executable of that name on `PATH`.
+fn resolve(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.components().count() > 1 {
+        return Some(p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(p))
+        .find(|c| c.is_file())
+}
+
+/// A note for a program the runtime would find no probe in: it would run
+/// and write nothing. `None` for an instrumented program, and for one that
+/// cannot be read as ELF (a script: what it runs may be instrumented).
+pub fn no_probes_note(program: &std::ffi::OsStr) -> Option<String> {
+    let path = resolve(program)?;
+    let bytes = std::fs::read(&path).ok()?;
+    let build = providers::offline::probe_build(&bytes).ok()?;
+    (!build.any()).then(|| {
+        format!(
+            "fastinst: {} has no probe sites (no -finstrument-functions hook calls, no \
+             -fpatchable-function-entry sleds), so only libraries it loads that have them \
+             are probed; build it with `gcc -O2 -finstrument-functions` or \
+             `-fpatchable-function-entry=5` (`fastinst sites FILE` lists what a build has)",
+            path.display()
+        )
+    })
+}
+
 /// Runs it; returns the exit status to pass on.
 pub fn run(r: &RunArgs) -> Result<u8> {
     let lib = library::find(r.lib.as_deref())?;
+    if let Some(note) = no_probes_note(std::ffi::OsStr::new(&r.command[0])) {
+        eprintln!("{note}");
+    }
     let mut cmd = Command::new(&r.command[0]);
     cmd.args(&r.command[1..]);
     let mut preload = OsString::from(lib.as_os_str());

@@ -193,6 +193,197 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A program the runtime would find no probe in is named before it runs,
+/// with how to build one; instrumented and sled builds are not.
+#[test]
+fn run_says_when_a_program_has_no_probe_sites() {
+    let dir = scratch("noprobes");
+    let plain = build("gcc", &["-O2"], &dir, "plain");
+    let o = fastinst(&["run", "--out", "r", "--", plain.to_str().unwrap(), "3"], &dir);
+    assert_eq!(o.status.code(), Some(3), "the program still runs");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("has no probe sites") && err.contains("-finstrument-functions"),
+        "{err}"
+    );
+    for flags in [
+        &["-O2", "-finstrument-functions"][..],
+        &["-O2", "-fpatchable-function-entry=5"],
+    ] {
+        let app = build("gcc", flags, &dir, "probed");
+        let o = fastinst(&["run", "--out", "r", "--", app.to_str().unwrap(), "3"], &dir);
+        assert!(
+            !text(&o.stderr).contains("no probe sites"),
+            "{flags:?}: {}",
+            text(&o.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `report --diff`: a run against itself shows no change; a build whose
+/// `spin` does ten times the work puts `spin` first, grown, and writes a
+/// differential flame graph.
+#[test]
+fn report_diff_puts_the_slowed_function_first() {
+    let dir = scratch("diff");
+    let profile = |flags: &[&str], name: &str| {
+        let app = build("gcc", flags, &dir, &format!("app-{name}"));
+        let o = fastinst(&["run", "--out", name, "--", app.to_str().unwrap()], &dir);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let json = reports(&dir.join(name), "fastinst-profile.")
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+            .expect("a JSON report");
+        json.to_str().unwrap().to_string()
+    };
+    let before = profile(&["-O2", "-finstrument-functions"], "before");
+    let after = profile(&["-O2", "-finstrument-functions", "-DSPIN=20000"], "after");
+    let same = fastinst(&["report", "--diff", &before, &before], &dir);
+    assert!(same.status.success(), "{}", text(&same.stderr));
+    assert!(text(&same.stdout).contains("no change"), "{}", text(&same.stdout));
+    let d = fastinst(&["report", "--diff", "--svg", "d.svg", &before, &after], &dir);
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let out = text(&d.stdout);
+    let first = out
+        .lines()
+        .skip_while(|l| !l.trim_end().ends_with("function"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no rows:\n{out}"));
+    assert!(first.ends_with(" spin"), "spin is not first:\n{out}");
+    let delta: f64 = first.split_whitespace().nth(5).unwrap().parse().unwrap();
+    assert!(delta > 0.0, "spin's self time grew:\n{out}");
+    let svg = std::fs::read_to_string(dir.join("d.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("spin"), "differential flame graph");
+    let bad = fastinst(&["report", "--diff", &before], &dir);
+    assert_eq!(bad.status.code(), Some(2), "--diff needs two profiles");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The pprof output: written by `run` beside the other reports and by
+/// `report --format pprof`, byte for byte the same; decoded, its
+/// per-function samples are the JSON's columns; and `go tool pprof -top`,
+/// the real client, reads it and ranks the same function first (when Go is
+/// installed: Debian's `golang-go`, which `.ci/run` installs).
+#[test]
+fn pprof_output_is_read_by_go_tool_pprof() {
+    use fastinst_report::pprof::{Profile, SAMPLE_TYPES};
+    use prost::Message;
+    use std::io::Read;
+    let dir = scratch("pprof");
+    let app = build("gcc", &["-O2", "-finstrument-functions"], &dir, "app");
+    let run = fastinst(&["run", "--out", "r", "--", app.to_str().unwrap(), "3"], &dir);
+    assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));
+    let written = reports(&dir.join("r"), "fastinst-profile.");
+    let find = |suffix: &str| written.iter().find(|p| p.to_string_lossy().ends_with(suffix)).cloned();
+    let (jsonp, pb) = (
+        find(".json").expect("json"),
+        find(".pb.gz").expect("the run writes pprof"),
+    );
+    let again = fastinst(
+        &[
+            "report",
+            "--format",
+            "pprof",
+            "-o",
+            "again.pb.gz",
+            jsonp.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(
+        std::fs::read(dir.join("again.pb.gz")).unwrap(),
+        std::fs::read(&pb).unwrap()
+    );
+    let no_o = fastinst(&["report", "--format", "pprof", jsonp.to_str().unwrap()], &dir);
+    assert_eq!(no_o.status.code(), Some(2), "binary output needs -o");
+
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&std::fs::read(&pb).unwrap()[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    let p = Profile::decode(&raw[..]).unwrap();
+    let s = |i: i64| p.string_table[i as usize].clone();
+    assert_eq!(
+        p.sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect::<Vec<_>>(),
+        SAMPLE_TYPES.map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    let j = json(&jsonp);
+    let name_of = |loc: u64| {
+        let f = p.location.iter().find(|l| l.id == loc).unwrap().line[0].function_id;
+        s(p.function.iter().find(|x| x.id == f).unwrap().name)
+    };
+    for f in j["functions"].as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        let one = p
+            .sample
+            .iter()
+            .find(|x| x.location_id.len() == 1 && x.value[3] == 0 && name_of(x.location_id[0]) == name)
+            .unwrap_or_else(|| panic!("no sample for {name}"));
+        assert_eq!(
+            one.value[1],
+            f["calls_estimated"].as_f64().unwrap().round() as i64,
+            "{name} calls"
+        );
+        assert_eq!(
+            one.value[0],
+            (f["self_ms"].as_f64().unwrap() * 1e6).round() as i64,
+            "{name} self"
+        );
+        assert_eq!(
+            one.value[2],
+            (f["total_ms"].as_f64().unwrap() * 1e6).round() as i64,
+            "{name} total"
+        );
+    }
+
+    let go = Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !go {
+        eprintln!("NOT CHECKED by go tool pprof: `go` is not installed (apt-get install golang-go)");
+        std::fs::remove_dir_all(&dir).unwrap();
+        return;
+    }
+    for (index, column) in [("calls", "calls_estimated"), ("total_time", "total_ms")] {
+        let mut c = Command::new("go");
+        c.args(["tool", "pprof", "-top", &format!("-sample_index={index}")])
+            .arg(&pb)
+            .env("HOME", &dir)
+            .env("GOCACHE", dir.join("gocache"));
+        let o = testkit::output_within(c, LIMIT, "go tool pprof");
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let out = text(&o.stdout);
+        // The first row under the header is the heaviest function.
+        let first = out
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("flat"))
+            .nth(1)
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap_or_else(|| panic!("no rows in:\n{out}"))
+            .to_string();
+        let heaviest = j["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .max_by(|a, b| a[column].as_f64().unwrap().total_cmp(&b[column].as_f64().unwrap()))
+            .unwrap()["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            first, heaviest,
+            "go tool pprof -sample_index={index} ranks first:\n{out}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn errors_name_the_file_and_the_problem() {
     let dir = scratch("errors");

@@ -363,6 +363,17 @@ pub(crate) fn set_unseen(fi: u32, sled: u32) {
     UNSEEN_SLED.store(sled, Ordering::Relaxed);
 }
 
+/// Adds `ticks` of discovery, the runtime's work inside a hook, to this
+/// thread's hook time, whole (a hook's stamped time is capped at
+/// [`MAX_HOOK`]), registering the thread's record if it has none: the
+/// program's own time, which the profiler's rates are measured against,
+/// must not hold it.
+pub(crate) fn charge_discovery(ticks: u64) {
+    if let Some(rec) = current().or_else(|| register(tsc::now())) {
+        rec.hook_ticks.store(rec.hook_ticks() + ticks, Ordering::Relaxed);
+    }
+}
+
 /// Adds `ticks` of work done outside a hook on this thread's behalf (a
 /// signal handler of a tool) to its hook time.
 pub fn charge(ticks: u64) {

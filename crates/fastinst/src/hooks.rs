@@ -292,6 +292,12 @@ fn slow(
         stats::bump(&stats::DROPPED_IN_DISCOVERY);
         return 0;
     };
+    // Discovery is the runtime's time: charged to the thread's hook time
+    // here, whole, and the hook's own clock starts after it (a hook's
+    // stamped time is capped, so a discovery left in it would mostly count
+    // as the program's own time, which the profiler's rates are measured
+    // against).
+    let discovery_from = wordpatch::tsc::now();
     let r = std::panic::catch_unwind(|| {
         let call = crate::discovery::HookCall {
             kind,
@@ -303,9 +309,14 @@ fn slow(
         crate::discovery::discover(call, by_function)
     });
     drop(in_discovery);
+    let discovery_to = wordpatch::tsc::now();
+    crate::clock::charge_discovery(discovery_to.wrapping_sub(discovery_from));
+    let started = if started == 0 {
+        0
+    } else {
+        started.wrapping_add(discovery_to.wrapping_sub(discovery_from))
+    };
     match r {
-        // Discovery is the runtime's time too: the handler then starts
-        // from the hook's own stamp.
         Ok(Some(id)) => fire(id, call_site, stack, 0, started),
         Ok(None) => crate::clock::begin_hook(started).0,
         Err(_) => {

@@ -232,10 +232,10 @@ fn check_accuracy(cc: &str, flag: &str) {
     check_structure(&r);
     // Every report is there and readable.
     let pid = r.pid;
-    for ext in ["txt", "json", "folded", "svg"] {
+    for ext in ["txt", "json", "pb.gz", "folded", "svg"] {
         let p = out.join(format!("fastinst-profile.{pid}.{ext}"));
-        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        assert!(!text.is_empty(), "{} is empty", p.display());
+        let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(!bytes.is_empty(), "{} is empty", p.display());
     }
     let svg = std::fs::read_to_string(out.join(format!("fastinst-profile.{pid}.svg"))).unwrap();
     assert!(svg.contains("<svg") && svg.contains("step"), "flame graph");
@@ -353,8 +353,12 @@ fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
         let o = &r.overhead;
         // Every window's sampled calls return and are paired: at most a
         // call racing the entry probe's switch now and then is unmatched.
+        // Preemption widens that race on a loaded machine (with two busy
+        // loops on two CPUs, a few in a few hundred, before and after the
+        // architecture work alike); the bug this guards against left 64 a
+        // window, so a 5% bound still catches it.
         assert!(
-            descend.calls_sampled >= 10 * 20 && o.unmatched_exits * 100 <= descend.calls_sampled,
+            descend.calls_sampled >= 10 * 20 && o.unmatched_exits * 20 <= descend.calls_sampled,
             "{cc}: {} unmatched exits, {} abandoned frames, {} sampled calls of descend",
             o.unmatched_exits,
             o.abandoned_frames,

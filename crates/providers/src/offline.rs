@@ -146,6 +146,37 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
 
 /// The hooks' addresses as the file's code sees them: defined symbols, or
 /// stand-ins written into every GOT slot a relocation binds to a hook.
+/// What kind of probe build an ELF file is, read cheaply (its symbols,
+/// relocations and section names, no code): whether it calls or defines
+/// the `-finstrument-functions` hooks, and whether it has a
+/// `-fpatchable-function-entry` sled table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeBuild {
+    /// It calls or defines `__cyg_profile_func_enter`/`exit`.
+    pub finstrument: bool,
+    /// It has a `__patchable_function_entries` section.
+    pub sleds: bool,
+}
+
+impl ProbeBuild {
+    /// Whether the runtime would find any probe site in the file itself.
+    pub fn any(self) -> bool {
+        self.finstrument || self.sleds
+    }
+}
+
+/// [`ProbeBuild`] of the ELF file `bytes`.
+pub fn probe_build(bytes: &[u8]) -> Result<ProbeBuild, ElfError> {
+    let elf = Elf::parse(bytes)?;
+    let mut image = Image::new();
+    let (_, finstrument) = bind_hooks(&elf, &mut image);
+    let sleds = elf
+        .section_headers
+        .iter()
+        .any(|h| elf.shdr_strtab.get_at(h.sh_name) == Some(crate::patchable::SECTION));
+    Ok(ProbeBuild { finstrument, sleds })
+}
+
 fn bind_hooks(elf: &Elf, image: &mut Image) -> (Hooks, bool) {
     let mut hooks = Hooks {
         enter: STAND_IN_ENTER,

@@ -317,8 +317,10 @@ mod tests {
             let folded = render_folded(&r);
             let written = crate::write_all(&r, &dir).unwrap();
             let read = |ext: &str| std::fs::read_to_string(dir.join(format!("fastinst-profile.1.{ext}"))).unwrap();
-            assert_eq!(written.files.len(), 4, "seed {seed}");
+            assert_eq!(written.files.len(), 5, "seed {seed}");
             assert_eq!(read("txt"), crate::render_text(&r), "seed {seed}");
+            let pb = std::fs::read(dir.join("fastinst-profile.1.pb.gz")).unwrap();
+            assert_eq!(pb, crate::render_pprof(&r), "seed {seed}");
             assert_eq!(read("folded"), folded, "seed {seed}");
             same_svg(&read("svg"), &render_svg(&r).unwrap(), seed);
             same_svg(&read("svg"), &whole_svg(&r), seed);

@@ -50,11 +50,15 @@
 //! linking the runtime.
 
 mod decimal;
+pub mod diff;
 mod flame;
 pub mod fx;
 mod json;
 pub mod pathtree;
+pub mod pprof;
 mod svg;
+
+pub use pprof::render_pprof;
 
 use fx::FxMap;
 use serde::{Deserialize, Serialize};
@@ -79,7 +83,7 @@ pub const SCHEMA: &str = "fastinst-profile/3";
 pub const SCHEMAS_READ: [&str; 3] = [SCHEMA, "fastinst-profile/2", "fastinst-profile/1"];
 
 /// The report's root.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct Report {
     /// [`SCHEMA`] (or, read from an older file, one of [`SCHEMAS_READ`]).
     pub schema: String,
@@ -269,7 +273,7 @@ mod stacks_json {
 }
 
 /// Sampling settings as reported.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct SettingsOut {
     /// Calls timed per function per timing epoch (the name is kept from
     /// schema 1, when they were a window's samples).
@@ -354,7 +358,7 @@ pub struct Overhead {
 }
 
 /// One function.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct FunctionRow {
     /// Demangled name, or the address.
     pub name: String,
@@ -840,8 +844,8 @@ pub fn write_all(r: &Report, dir: &Path) -> std::io::Result<Written> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Written {
-    /// The files, in the order written (text, JSON, then folded stacks and
-    /// the flame graph when there are stacks).
+    /// The files, in the order written (text, JSON, pprof, then folded
+    /// stacks and the flame graph when there are stacks).
     pub files: Vec<PathBuf>,
     /// Why the flame graph could not be drawn, if it could not; the other
     /// files are written all the same.
@@ -874,6 +878,7 @@ pub fn write_named(r: &Report, dir: &Path, stem: &str) -> std::io::Result<Writte
         json::write(r, w)?;
         w.write_all(b"\n")
     })?;
+    put(path("pb.gz"), &mut |w| w.write_all(&pprof::render_pprof(r)))?;
     let mut flame_error = None;
     if r.stacks.paths.iter().any(|st| folded_weight(st) > 0) {
         let mut sorted = false;

@@ -1,12 +1,17 @@
 /* A small instrumented program for the CLI tests: a few functions called
  * often enough to be sampled, a line of output, and the exit status given
- * as its first argument. */
+ * as its first argument. -DSPIN=N makes `spin` do N steps a call (a build
+ * with a slowed function, for `report --diff`). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 static volatile long sink;
+
+#ifndef SPIN
+#define SPIN 2000
+#endif
 
 __attribute__((noinline)) static long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
 
@@ -15,7 +20,7 @@ __attribute__((noinline)) static void spin(long n) {
 }
 
 __attribute__((noinline)) long work(int round) {
-    spin(2000);
+    spin(SPIN);
     return fib(12 + round % 3);
 }
 

@@ -23,11 +23,14 @@ pub(crate) fn final_fold(p: &'static Profiler) {
     if counting {
         schedule::finish(p, &mut s);
     }
-    let x_now = s.exposure.advance(p).x();
+    let reading = s.exposure.advance(p);
+    let (now, x_now) = (reading.at, reading.x());
     if counting {
         s.fold(p, x_now);
     }
     schedule::idle(&mut s, ended);
+    let (t0, epoch_x) = (p.epoch_start.load(Ordering::Relaxed), s.epoch_x);
+    let p_epoch = (x_now - epoch_x).max(0.0);
     for i in p.due.take(p.funcs.len()) {
         let Some(f) = p.funcs.get(i) else { continue };
         if f.window.kind() != Kind::Whole {
@@ -35,7 +38,17 @@ pub(crate) fn final_fold(p: &'static Profiler) {
         }
         let n = p.take_counted(i);
         // SAFETY: the schedule's lock is held.
-        unsafe { f.window.estimate_mut() }.counted += n as f64;
+        let e = unsafe { f.window.estimate_mut() };
+        e.counted += n as f64;
+        // A count cut short in the last epoch (its probe went off past the
+        // overflow, and no epoch's end made it windowed) is not exact: the
+        // rest of the epoch is carried at its rate until then, as an epoch's
+        // end would have.
+        let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
+        if overflow != 0 && p_epoch > 0.0 {
+            e.go_windowed_after_overflow(n as f64, overflow, t0, now, epoch_x, p_epoch);
+            f.window.set_kind(Kind::Windowed);
+        }
     }
 }
 

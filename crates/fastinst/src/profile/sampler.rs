@@ -157,11 +157,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {
                 if overflow != 0 {
-                    // Counted until `overflow` only: the exposure then, by
-                    // the wall time into the epoch.
-                    let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
-                    let at = epoch_x + p_epoch * frac;
-                    e.go_windowed_from(at, n as f64 / (p_epoch * frac).max(1.0));
+                    e.go_windowed_after_overflow(n as f64, overflow, t0, now, epoch_x, p_epoch);
                 } else {
                     e.go_windowed(x_now, n as f64 / p_epoch);
                 }

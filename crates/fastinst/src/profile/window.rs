@@ -87,6 +87,10 @@ unsafe impl Sync for Window {}
 /// The estimate's state.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Estimate {
+    /// Whether any part of the estimate was carried at a rate rather than
+    /// counted (it went windowed at least once): then it is not exact, even
+    /// if no window ever opened.
+    extrapolated: bool,
     /// The running counting epoch's windows: sums of `n`, `x`, `n^2`,
     /// `n x`, `x^2`, and how many.
     n: f64,
@@ -264,6 +268,7 @@ impl Estimate {
     /// whole at `rate` calls per tick of exposure: that rate stands until
     /// its first windows.
     pub(crate) fn go_windowed(&mut self, at: f64, rate: f64) {
+        self.extrapolated = true;
         self.last_rate = Some(rate);
         self.slow_rate = rate;
         self.peak_rate = rate;
@@ -278,6 +283,24 @@ impl Estimate {
     pub(crate) fn go_windowed_from(&mut self, at: f64, guess: f64) {
         self.go_windowed(at, guess);
         self.gap_to_next = true;
+    }
+
+    /// The function goes windowed after its whole count was cut short at
+    /// TSC `overflow` (it passed [`WHOLE_OVERFLOW`]): `n` calls were counted
+    /// from the epoch's start (TSC `t0`, exposure `epoch_x`) until then, and
+    /// `p_epoch` is the epoch's exposure until now (TSC `now`). The
+    /// exposure at the cut is taken by the wall time into the epoch.
+    pub(crate) fn go_windowed_after_overflow(
+        &mut self,
+        n: f64,
+        overflow: u64,
+        t0: u64,
+        now: u64,
+        epoch_x: f64,
+        p_epoch: f64,
+    ) {
+        let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
+        self.go_windowed_from(epoch_x + p_epoch * frac, n / (p_epoch * frac).max(1.0));
     }
 
     /// The function goes whole at exposure `at`: its windowed estimate is
@@ -325,7 +348,7 @@ impl Estimate {
                 var += (r * stale).powi(2);
             }
         }
-        (est, var.sqrt(), self.windows_total == 0)
+        (est, var.sqrt(), self.windows_total == 0 && !self.extrapolated)
     }
 }
 
@@ -380,6 +403,23 @@ mod tests {
         }
         let (est, sd, _) = e.calls(t, true, 0.0);
         (est, truth, sd)
+    }
+
+    #[test]
+    fn a_count_carried_at_a_rate_is_never_called_exact() {
+        let mut e = Estimate {
+            counted: 65.0,
+            ..Default::default()
+        };
+        assert!(e.calls(100.0, false, 0.0).2, "counted whole: exact");
+        // Its count cut short and carried at a rate, no window since.
+        e.go_windowed_after_overflow(65.0, 150, 100, 200, 0.0, 100.0);
+        let (est, sd, exact) = e.calls(100.0, true, 0.0);
+        assert!(!exact, "an extrapolation is not exact");
+        assert!(est > 65.0 && sd > 0.0, "{est} {sd}");
+        // Whole again: what was carried stays an estimate.
+        e.go_whole(100.0);
+        assert!(!e.calls(100.0, false, 0.0).2);
     }
 
     #[test]

@@ -24,7 +24,10 @@ pub fn lib() -> PathBuf {
             return cand.canonicalize().unwrap();
         }
     }
-    panic!("libfastinst.so not found next to {}", exe.display());
+    panic!(
+        "libfastinst.so not found next to {}: `cargo test --workspace` builds it, or `cargo build --release -p fastinst-preload` first",
+        exe.display()
+    );
 }
 
 /// The directory holding `fastinst.h`.

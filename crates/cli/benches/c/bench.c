@@ -1,6 +1,6 @@
 /* The fastinst API benchmark: invocation and toggle costs in TSC ticks,
  * median and p90 over batches, beside baselines measured in the same run.
- * Built and run by `cargo bench -p fastinst-preload --bench api`. */
+ * Built and run by `cargo bench -p fastinst-cli --bench api`. */
 #include "fastinst.h"
 #include <stdint.h>
 #include <stdio.h>

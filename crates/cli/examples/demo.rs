@@ -4,7 +4,7 @@
 //! default tool, the latency profiler, and prints the profile and where the
 //! flame graph is.
 //!
-//! `cargo run --release -p fastinst-preload --example demo`
+//! `cargo run --release -p fastinst-cli --example demo`
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     };
     println!("\n{}", std::fs::read_to_string(&txt).unwrap_or_default());
     println!("flame graph: {}", svg.display());
-    println!("all reports: {} (.txt .json .folded .svg)", out.display());
+    println!("all reports: {} (.txt .json .pb.gz .folded .svg)", out.display());
     println!(
         "\nthe same with the CLI: cargo build --release && target/release/fastinst run -- {}",
         bin.display()

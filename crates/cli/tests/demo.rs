@@ -1,10 +1,8 @@
 //! The README's main job, as a newcomer runs it: the `demo` example
-//! (`cargo run --release -p fastinst-preload --example demo`), whose binary
+//! (`cargo run --release -p fastinst-cli --example demo`), whose binary
 //! `cargo test` builds beside this test. Its report must agree with what
 //! the demo itself prints: 200,000 requests, each one `handle`, one
 //! `lookup` and one `parse`, and `render` 7 times (a recursion 6 deep).
-
-mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,7 +30,8 @@ fn calls(stdout: &str, function: &str) -> (f64, Option<f64>) {
 
 #[test]
 fn the_demo_runs_and_its_report_agrees_with_what_it_prints() {
-    common::require("gcc");
+    let gcc = Command::new("gcc").arg("--version").output();
+    assert!(gcc.is_ok_and(|o| o.status.success()), "the demo needs gcc");
     let o = testkit::output_within(Command::new(example()), Duration::from_secs(300), "demo example");
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));

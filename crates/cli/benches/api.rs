@@ -22,7 +22,7 @@ fn lib_dir() -> PathBuf {
 fn main() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let c = here.join("benches/c");
-    let inc = here.join("include");
+    let inc = here.join("../preload/include");
     let libdir = lib_dir();
     let out = std::env::temp_dir().join(format!("fastinst-bench-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
