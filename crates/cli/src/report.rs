@@ -19,9 +19,10 @@ time, then total time); --svg then writes a differential flame graph (the
 second run's stacks, red where they grew, blue where they shrank).
 
 options:
-  --format F        what to print: text (default), folded, svg, json, or
-                    pprof (gzipped profile.proto for `go tool pprof` and
-                    the backends that ingest pprof; needs -o)
+  --format F        what to print: text (default), folded, svg, json,
+                    speedscope (JSON for speedscope.app), or pprof
+                    (gzipped profile.proto for `go tool pprof` and the
+                    backends that ingest pprof; needs -o)
   -o, --output PATH write it to PATH instead of stdout
   --svg PATH        also write the flame graph to PATH
   --diff            compare two profiles (see above)
@@ -41,6 +42,8 @@ pub enum Format {
     Json,
     /// Gzipped `profile.proto`.
     Pprof,
+    /// speedscope's JSON.
+    Speedscope,
 }
 
 /// A parsed `fastinst report`.
@@ -73,8 +76,11 @@ pub fn parse(argv: &[String]) -> Result<Option<ReportArgs>> {
                     "svg" => Format::Svg,
                     "json" => Format::Json,
                     "pprof" => Format::Pprof,
+                    "speedscope" => Format::Speedscope,
                     other => {
-                        return Err(a.usage(format!("{n}: `{other}` is not one of text, folded, svg, json, pprof")))
+                        return Err(a.usage(format!(
+                            "{n}: `{other}` is not one of text, folded, svg, json, speedscope, pprof"
+                        )))
                     }
                 }
             }
@@ -148,6 +154,7 @@ pub fn render(r: &Report, format: Format, path: &Path) -> Result<Vec<u8>> {
             .into_bytes(),
         Format::Json => (serde_json::to_string_pretty(r).expect("a Report always serialises") + "\n").into_bytes(),
         Format::Pprof => report::render_pprof(r),
+        Format::Speedscope => report::render_speedscope(r).into_bytes(),
     })
 }
 

@@ -56,9 +56,11 @@ pub mod fx;
 mod json;
 pub mod pathtree;
 pub mod pprof;
+pub mod speedscope;
 mod svg;
 
 pub use pprof::render_pprof;
+pub use speedscope::render_speedscope;
 
 use fx::FxMap;
 use serde::{Deserialize, Serialize};
