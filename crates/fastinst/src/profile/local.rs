@@ -61,6 +61,14 @@ fn new_store() -> Arc<ThreadStore> {
         ),
     });
     super::exposure::start_thread(&s);
+    if let Some(p) = get() {
+        let _ = p.exposure_began.compare_exchange(
+            0,
+            s.x_wall.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
     super::cpusample::thread_start();
     if let Some(p) = get() {
         p.threads.lock().push(s.clone());

@@ -172,6 +172,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             stores: Segmented::new(),
             stores_lock: AtomicBool::new(false),
             epoch_start: AtomicU64::new(0),
+            exposure_began: AtomicU64::new(0),
             tpn: AtomicU64::new(0),
             path_epoch: AtomicU32::new(0),
             threads: Mutex::new(Vec::new()),

@@ -46,7 +46,7 @@ pub(crate) fn final_fold(p: &'static Profiler) {
         // end would have.
         let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
         if overflow != 0 && p_epoch > 0.0 {
-            e.go_windowed_after_overflow(n as f64, overflow, t0, now, epoch_x, p_epoch);
+            e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
             f.window.set_kind(Kind::Windowed);
         }
     }

@@ -157,7 +157,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {
                 if overflow != 0 {
-                    e.go_windowed_after_overflow(n as f64, overflow, t0, now, epoch_x, p_epoch);
+                    e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
                 } else {
                     e.go_windowed(x_now, n as f64 / p_epoch);
                 }

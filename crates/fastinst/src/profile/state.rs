@@ -33,6 +33,10 @@ pub(crate) struct State {
     pub(crate) stores_lock: AtomicBool,
     /// When the current epoch began (TSC).
     pub(crate) epoch_start: AtomicU64,
+    /// When the first thread's exposure began (TSC; 0: none yet): its
+    /// first hook, after the runtime's start-up. Before it, an epoch's wall
+    /// time holds no exposure at all.
+    pub(crate) exposure_began: AtomicU64,
     /// TSC ticks per ns (f64 bits; see [`ticks_per_ns`]).
     pub(crate) tpn: AtomicU64,
     /// Moves whenever a live frame's call path may have changed; see
@@ -139,5 +143,13 @@ pub(super) fn ticks_per_ns(p: &State) -> f64 {
     match f64::from_bits(p.tpn.load(Ordering::Relaxed)) {
         r if r > 0.0 => r,
         _ => 1.0,
+    }
+}
+
+impl State {
+    /// Where in the running epoch (begun at TSC `t0`, now `now`) exposure
+    /// can have grown from: not before the first thread's began.
+    pub(crate) fn exposed_from(&self, t0: u64) -> u64 {
+        t0.max(self.exposure_began.load(Ordering::Relaxed))
     }
 }
