@@ -190,6 +190,32 @@ impl State {
         })
     }
 
+    /// [`State::alloc`], zero-filled. A large block is a fresh mapping,
+    /// zero already: not written, so its pages are touched only as they
+    /// are used (a table sized for the worst case costs nothing until
+    /// filled).
+    fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if self.own.load(Ordering::Relaxed) {
+            let p = match class(layout) {
+                Some(c) => {
+                    let p = self.small(c);
+                    if !p.is_null() {
+                        // SAFETY: a block of at least `layout.size()` bytes
+                        // this allocator just handed out.
+                        unsafe { p.write_bytes(0, layout.size()) };
+                    }
+                    p
+                }
+                None => self.large(round_up(layout.size(), PAGE), layout.align()),
+            };
+            if !p.is_null() {
+                return p;
+            }
+        }
+        // SAFETY: `layout` has a non-zero size (GlobalAlloc's contract).
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
     fn alloc(&self, layout: Layout) -> *mut u8 {
         if self.own.load(Ordering::Relaxed) {
             let p = match class(layout) {
@@ -365,6 +391,15 @@ unsafe impl GlobalAlloc for Heap {
         STATE.alloc(layout)
     }
 
+    // SAFETY (for callers): `GlobalAlloc::alloc_zeroed`'s contract.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !FORK_HANDLERS.load(Ordering::Relaxed) && !FORK_HANDLERS.swap(true, Ordering::AcqRel) {
+            // SAFETY: as in `alloc`.
+            unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
+        }
+        STATE.alloc_zeroed(layout)
+    }
+
     // SAFETY (for callers): `GlobalAlloc::dealloc`'s contract.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         STATE.dealloc(ptr, layout)
@@ -386,6 +421,40 @@ mod tests {
 
     fn l(size: usize, align: usize) -> Layout {
         Layout::from_size_align(size, align).unwrap()
+    }
+
+    #[test]
+    fn zeroed_blocks_are_zero_even_when_reused_and_large_ones_are_not_written() {
+        let h = state();
+        let small = l(100, 8);
+        let p = h.alloc(small);
+        // SAFETY: a block of 100 bytes just handed out.
+        unsafe { p.write_bytes(0xAB, 100) };
+        h.dealloc(p, small);
+        let q = h.alloc_zeroed(small);
+        assert_eq!(q, p, "the freed block is reused");
+        // SAFETY: 100 bytes of a live block.
+        assert!(unsafe { std::slice::from_raw_parts(q, 100) }.iter().all(|&b| b == 0));
+        h.dealloc(q, small);
+        // A large block: a fresh mapping, zero, with no page touched (so
+        // none resident) until it is used.
+        let big = l(8 << 20, 8);
+        let b = h.alloc_zeroed(big);
+        let pages = (8 << 20) / PAGE;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `b` is the start of a mapping of `pages` pages; mincore
+        // writes one byte per page into `vec`.
+        let rc = unsafe { libc::mincore(b as *mut libc::c_void, 8 << 20, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        assert!(
+            vec.iter().all(|&r| r & 1 == 0),
+            "no page of the zeroed block was touched"
+        );
+        // SAFETY: the whole live block.
+        assert!(unsafe { std::slice::from_raw_parts(b, 8 << 20) }
+            .iter()
+            .all(|&x| x == 0));
+        h.dealloc(b, big);
     }
 
     #[test]
