@@ -196,14 +196,7 @@ mod tests {
             ("b", 1000.0, 30.0 + slow, 30.0 + slow),
             ("c", 1000.0, 40.0, 40.0),
         ] {
-            r.functions.push(FunctionRow {
-                name: name.into(),
-                calls_estimated: calls,
-                total_ms: total,
-                self_ms: own,
-                p50_us: own,
-                ..Default::default()
-            });
+            r.functions.push(crate::test_row(name, calls, total, own));
         }
         r.stacks = Stacks::from_named([
             (vec!["main", "outer", "b"], 10, 30.0 + slow),

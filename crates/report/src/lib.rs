@@ -1135,3 +1135,16 @@ mod tests {
         }
     }
 }
+
+/// A function row with these columns and the rest default, for tests.
+#[cfg(test)]
+pub(crate) fn test_row(name: &str, calls: f64, total_ms: f64, self_ms: f64) -> FunctionRow {
+    FunctionRow {
+        name: name.into(),
+        calls_estimated: calls,
+        total_ms,
+        self_ms,
+        p50_us: self_ms,
+        ..Default::default()
+    }
+}

@@ -229,7 +229,7 @@ pub fn render_pprof(r: &Report) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FunctionRow, Stacks};
+    use crate::Stacks;
     use std::io::Read;
 
     fn report() -> Report {
@@ -245,13 +245,7 @@ mod tests {
             ("work", 1000.0, 9.0, 7.0),
             ("leaf", 5000.4, 2.0, 2.0),
         ] {
-            r.functions.push(FunctionRow {
-                name: name.into(),
-                calls_estimated: calls,
-                total_ms: total,
-                self_ms: own,
-                ..Default::default()
-            });
+            r.functions.push(crate::test_row(name, calls, total, own));
         }
         r.stacks = Stacks::from_named([(vec!["main", "work"], 10, 7.0), (vec!["main", "work", "leaf"], 40, 2.0)]);
         r

@@ -36,16 +36,14 @@ pub(crate) fn final_fold(p: &'static Profiler) {
         if f.window.kind() != Kind::Whole {
             continue;
         }
-        let n = p.take_counted(i);
-        // SAFETY: the schedule's lock is held.
-        let e = unsafe { f.window.estimate_mut() };
-        e.counted += n as f64;
+        let (n, overflow) = p.fold_whole(f, i);
         // A count cut short in the last epoch (its probe went off past the
         // overflow, and no epoch's end made it windowed) is not exact: the
         // rest of the epoch is carried at its rate until then, as an epoch's
         // end would have.
-        let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
         if overflow != 0 && p_epoch > 0.0 {
+            // SAFETY: the schedule's lock is held.
+            let e = unsafe { f.window.estimate_mut() };
             e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
             f.window.set_kind(Kind::Windowed);
         }

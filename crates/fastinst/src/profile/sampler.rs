@@ -147,15 +147,13 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 // Windowed: armed below.
                 continue;
             }
-            let n = p.take_counted(i);
-            // SAFETY: the schedule's lock is held.
-            let e = unsafe { f.window.estimate_mut() };
-            e.counted += n as f64;
-            let overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
+            let (n, overflow) = p.fold_whole(f, i);
             if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.settings.epoch_scale())
                 && p_epoch > 0.0
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {
+                // SAFETY: the schedule's lock is held.
+                let e = unsafe { f.window.estimate_mut() };
                 if overflow != 0 {
                     e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
                 } else {

@@ -147,6 +147,17 @@ pub(super) fn ticks_per_ns(p: &State) -> f64 {
 }
 
 impl State {
+    /// Adds the calls of whole function `f` (index `fi`) counted since its
+    /// last fold to its estimate; returns them, and the TSC at which its
+    /// count overflowed and its probe went off (0: it did not). The
+    /// schedule's lock is held.
+    pub(crate) fn fold_whole(&self, f: &Func, fi: u32) -> (u64, u64) {
+        let n = self.take_counted(fi);
+        // SAFETY: the caller holds the schedule's lock.
+        unsafe { f.window.estimate_mut() }.counted += n as f64;
+        (n, f.window.overflow_at.swap(0, Ordering::AcqRel))
+    }
+
     /// Where in the running epoch (begun at TSC `t0`, now `now`) exposure
     /// can have grown from: not before the first thread's began.
     pub(crate) fn exposed_from(&self, t0: u64) -> u64 {

@@ -87,10 +87,6 @@ unsafe impl Sync for Window {}
 /// The estimate's state.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Estimate {
-    /// Whether any part of the estimate was carried at a rate rather than
-    /// counted (it went windowed at least once): then it is not exact, even
-    /// if no window ever opened.
-    extrapolated: bool,
     /// The running counting epoch's windows: sums of `n`, `x`, `n^2`,
     /// `n x`, `x^2`, and how many.
     n: f64,
@@ -268,7 +264,6 @@ impl Estimate {
     /// whole at `rate` calls per tick of exposure: that rate stands until
     /// its first windows.
     pub(crate) fn go_windowed(&mut self, at: f64, rate: f64) {
-        self.extrapolated = true;
         self.last_rate = Some(rate);
         self.slow_rate = rate;
         self.peak_rate = rate;
@@ -348,7 +343,10 @@ impl Estimate {
                 var += (r * stale).powi(2);
             }
         }
-        (est, var.sqrt(), self.windows_total == 0 && !self.extrapolated)
+        // A rate, once known (a window's, or one the function went
+        // windowed at), has carried part of the estimate: not exact, even
+        // if no window ever opened.
+        (est, var.sqrt(), self.windows_total == 0 && self.last_rate.is_none())
     }
 }
 
