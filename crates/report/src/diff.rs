@@ -196,7 +196,7 @@ mod tests {
             ("b", 1000.0, 30.0 + slow, 30.0 + slow),
             ("c", 1000.0, 40.0, 40.0),
         ] {
-            r.functions.push(crate::test_row(name, calls, total, own));
+            r.functions.push(crate::tests::test_row(name, calls, total, own));
         }
         r.stacks = Stacks::from_named([
             (vec!["main", "outer", "b"], 10, 30.0 + slow),

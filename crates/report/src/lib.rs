@@ -931,6 +931,19 @@ impl<W: std::io::Write> std::fmt::Write for FmtIo<'_, W> {
 mod tests {
     use super::*;
 
+    /// A function row with these columns and the rest default, for the
+    /// crate's tests.
+    pub(crate) fn test_row(name: &str, calls: f64, total_ms: f64, self_ms: f64) -> FunctionRow {
+        FunctionRow {
+            name: name.into(),
+            calls_estimated: calls,
+            total_ms,
+            self_ms,
+            p50_us: self_ms,
+            ..Default::default()
+        }
+    }
+
     /// The tables' rows, written by hand, are what `{:>W.P}` per field
     /// writes.
     #[test]
@@ -1133,18 +1146,5 @@ mod tests {
                 w[1]
             );
         }
-    }
-}
-
-/// A function row with these columns and the rest default, for tests.
-#[cfg(test)]
-pub(crate) fn test_row(name: &str, calls: f64, total_ms: f64, self_ms: f64) -> FunctionRow {
-    FunctionRow {
-        name: name.into(),
-        calls_estimated: calls,
-        total_ms,
-        self_ms,
-        p50_us: self_ms,
-        ..Default::default()
     }
 }

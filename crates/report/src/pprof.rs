@@ -245,7 +245,7 @@ mod tests {
             ("work", 1000.0, 9.0, 7.0),
             ("leaf", 5000.4, 2.0, 2.0),
         ] {
-            r.functions.push(crate::test_row(name, calls, total, own));
+            r.functions.push(crate::tests::test_row(name, calls, total, own));
         }
         r.stacks = Stacks::from_named([(vec!["main", "work"], 10, 7.0), (vec!["main", "work", "leaf"], 40, 2.0)]);
         r
