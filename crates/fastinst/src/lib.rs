@@ -84,6 +84,7 @@ mod api;
 pub mod c_abi;
 pub mod clock;
 mod code;
+mod contention;
 mod discovery;
 mod env;
 mod error;

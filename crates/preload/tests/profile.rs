@@ -183,13 +183,27 @@ fn check_accuracy(cc: &str, flag: &str) {
         "the sampler's CPU time is read: {:.2} ms",
         o.sampler_ms
     );
-    within(
-        &format!("{cc} leaf total ms"),
-        f("leaf").total_ms,
-        t.leaf_total_ms,
-        0.10,
-    );
-    within(&format!("{cc} nap total ms"), f("nap").total_ms, t.nap_total_ms, 0.10);
+    // A total is within 10% or, where the report says it is less certain
+    // than that, within three of its standard deviations: on a loaded
+    // machine a 20 us `leaf` now and then runs for milliseconds (its
+    // thread preempted), and whether the ~1,200 timed calls caught one or
+    // three such calls moves their mean by 10%.
+    for (name, want) in [("leaf", t.leaf_total_ms), ("nap", t.nap_total_ms)] {
+        let g = f(name);
+        let all_timed = g.calls_exact && g.calls_sampled as f64 == g.calls_estimated;
+        assert_eq!(
+            g.total_sd == 0.0,
+            all_timed,
+            "{name}: only a total of timed calls alone has no spread"
+        );
+        let tol = (3.0 * g.total_sd / want).max(0.10);
+        within(
+            &format!("{cc} {name} total ms (+- {:.1})", g.total_sd),
+            g.total_ms,
+            want,
+            tol,
+        );
+    }
     // Self time is where the CPU samples fall: leaf's own code is a call
     // to `spin`, whose clock reads hold nearly all the run's CPU time; an
     // estimate that took leaf's callees' time off its total (the old one)
@@ -660,4 +674,39 @@ fn the_clone_sampler_keeps_glibc_single_threaded() {
         );
         assert!(r.overhead.toggles > 0, "{sampler}: no toggles");
     }
+}
+
+/// With twice as many busy processes as CPUs beside it, the program's
+/// threads wait for a CPU much of the time they could run: the report
+/// says so, and warns that timed durations may be biased (on such a
+/// machine the leaf's total read -47% of the program's own measure, with
+/// a spread of 5%: the timed calls, which begin right after the sampler
+/// ran, were preempted less than calls at large).
+#[test]
+fn cpu_contention_is_measured_and_warned_of() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let busy: Vec<std::process::Child> = (0..2 * cpus)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("a busy loop")
+        })
+        .collect();
+    let (r, _, out) = run_tree("gcc", SLED, &["2", "4000"], "contention");
+    for mut b in busy {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    let w = r.overhead.cpu_wait_share.expect("the run delay is read");
+    assert!(w >= 20.0, "{w:.1}% waiting beside {} busy processes", 2 * cpus);
+    let txt = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".txt"))
+        .expect("a text report");
+    let text = std::fs::read_to_string(txt).unwrap();
+    assert!(text.contains("cpu contention: the threads waited for a CPU"), "{text}");
 }

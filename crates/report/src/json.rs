@@ -203,6 +203,7 @@ mod tests {
                     calls_sd: x(),
                     calls_exact: i % 2 == 0,
                     total_ms: x(),
+                    total_sd: x(),
                     recursive: i % 3 == 0,
                     total_capped: false,
                     self_ms: x(),

@@ -12,7 +12,11 @@
 //!   timed *outermost* activations times its estimated outermost calls,
 //!   so a recursive function's nested activations are not counted again
 //!   (`recursive` marks the function, `~` in the text). It is capped at
-//!   the run's wall time times its threads (`total_capped`, `!`).
+//!   the run's wall time times its threads (`total_capped`, `!`). Its
+//!   standard deviation (`total_sd`, the text's second `+-`) joins the
+//!   call estimate's and the sampled mean's: a rare long call (a thread
+//!   preempted inside it) that a few timed calls caught or missed moves
+//!   the mean, and the spread says by how much.
 //! - **Self time**: the function's CPU samples (`cpusample`) times the
 //!   sampling interval; `self_share` is its percentage of the program's
 //!   samples (the profiler's own excluded). Without CPU samples it is
@@ -30,9 +34,9 @@
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
 //! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, too_deep,
 //! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
-//! windows_planned, windows_opened, windows_void},
+//! windows_planned, windows_opened, windows_void, cpu_wait_share},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
-//! calls_exact, total_ms, recursive, total_capped, self_ms, cpu_samples,
+//! calls_exact, total_ms, total_sd, recursive, total_capped, self_ms, cpu_samples,
 //! self_share, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
 //! total_ms}], stacks: {names: [name], paths: [{frames: [index into
@@ -357,6 +361,13 @@ pub struct Overhead {
     /// reading that is noise.
     #[serde(default)]
     pub windows_void: u64,
+    /// Of the time the program's threads could run, the share (percent)
+    /// they spent waiting for a CPU (the kernel's run delay, of the
+    /// threads alive at the report); `None` where it could not be read.
+    /// Where it is high, timed calls' durations are uncertain beyond
+    /// their spread (see the text's warning).
+    #[serde(default)]
+    pub cpu_wait_share: Option<f64>,
 }
 
 /// One function.
@@ -379,6 +390,11 @@ pub struct FunctionRow {
     /// Estimated total (inclusive) time: each outermost activation once
     /// (a recursive function's nested activations are inside it).
     pub total_ms: f64,
+    /// `total_ms`'s standard deviation: the call estimate's spread and
+    /// the timed calls' mean's (their durations' spread over the square
+    /// root of their number) together; 0 when every call was timed.
+    #[serde(default)]
+    pub total_sd: f64,
     /// Activations of this function were sampled inside others of it:
     /// when an outer one was not sampled, its nested ones count as
     /// outermost, so `total_ms` is less certain.
@@ -448,6 +464,10 @@ pub fn render_text(r: &Report) -> String {
     s
 }
 
+/// A run-queue wait share (percent) from which the text report warns that
+/// timed durations are uncertain.
+pub const CONTENDED_PERCENT: f64 = 5.0;
+
 /// [`render_text`] into `s`.
 fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     let o = &r.overhead;
@@ -506,6 +526,12 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             cpu.samples, cpu.interval_us, cpu.profiler_samples, cpu.lost
         )?;
     }
+    if let Some(w) = o.cpu_wait_share.filter(|&w| w >= CONTENDED_PERCENT) {
+        writeln!(
+            s,
+            "cpu contention: the threads waited for a CPU {w:.0}% of the time they could run; timed calls' durations (totals and latencies) may be biased beyond their +- (docs/limits.md)"
+        )?;
+    }
     if o.windows_planned > 0 {
         writeln!(
             s,
@@ -525,16 +551,17 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run); self: CPU samples"
+        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run), +- one standard deviation; self: CPU samples"
     )?;
     writeln!(s)?;
     writeln!(
         s,
-        "{:>12} {:>9} {:>8} {:>11} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<8} function",
+        "{:>12} {:>9} {:>8} {:>11} {:>9} {:>10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<8} function",
         "calls",
         "+-",
         "sampled",
         "total ms",
+        "+-",
         "self ms",
         "self%",
         "min us",
@@ -568,6 +595,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         } else {
             ' '
         });
+        line.fixed(9, f.total_sd, 3);
         line.fixed(10, f.self_ms, 3);
         match f.self_share {
             Some(x) => line.fixed(6, x, 1),
@@ -969,6 +997,7 @@ mod tests {
                 calls_sd: num(),
                 calls_exact: i % 2 == 0,
                 total_ms: num(),
+                total_sd: num(),
                 recursive: i % 5 == 0,
                 total_capped: i % 7 == 0,
                 self_ms: num(),
@@ -1009,12 +1038,13 @@ mod tests {
             let share = f.self_share.map_or("-".to_string(), |x| format!("{x:.1}"));
             writeln!(
                 want,
-                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>10.3} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}  {:<8} {}",
+                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>9.3} {:>10.3} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}  {:<8} {}",
                 f.calls_estimated,
                 sd,
                 f.calls_sampled,
                 f.total_ms,
                 mark,
+                f.total_sd,
                 f.self_ms,
                 share,
                 f.min_us,

@@ -131,6 +131,13 @@ impl<const B: u32> Hist<B> {
         0.0
     }
 
+    /// The sum of squared distances of the counted durations from `mean`,
+    /// each taken at its bucket's middle (within half a bucket, 3%, of
+    /// the duration): `n - 1` times their variance when `mean` is theirs.
+    pub(crate) fn squares_about(&self, mean: f64) -> f64 {
+        self.iter().map(|(m, c)| f64::from(c) * (m - mean) * (m - mean)).sum()
+    }
+
     /// Every stored bucket's middle and count, in order (for tests and
     /// merging into another resolution).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (f64, u32)> + '_ {
