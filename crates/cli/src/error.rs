@@ -30,6 +30,9 @@ pub enum CliError {
         /// The places tried, comma-separated.
         looked: String,
     },
+    /// Attaching to or detaching from a process failed.
+    #[error("{0}")]
+    Attach(String),
     /// The program could not be started.
     #[error("{}: cannot run it: {source}", program.display())]
     Spawn {

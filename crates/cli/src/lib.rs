@@ -4,6 +4,8 @@
 //!   `LD_PRELOAD=libfastinst.so`, with the options passed in its
 //!   environment ([`run`]); the latency profiler by default. PROGRAM's exit
 //!   status is passed on.
+//! - `fastinst attach [options] PID`: the runtime loaded into a running
+//!   process for a while, then detached ([`attach`]).
 //! - `fastinst report FILE.json`: a saved profile rendered again as text,
 //!   folded stacks or a flame graph ([`report`]).
 //! - `fastinst sites FILE`: the probe sites of an ELF file, read from disk
@@ -16,6 +18,7 @@
 //! 1 on failure, 2 for a wrong command line.
 
 pub mod args;
+pub mod attach;
 pub mod error;
 pub mod library;
 pub mod report;
@@ -35,6 +38,9 @@ commands:
   run [options] -- PROGRAM [ARGS...]
                     run PROGRAM under libfastinst.so (the latency profiler
                     by default); its exit status is passed on
+  attach [options] PID
+                    profile running process PID for a while, then detach
+                    and leave it as it was
   report FILE.json  render a saved profile again (text, folded, flame graph)
   sites FILE        list the probe sites of an ELF file
   calibrate         measure T_max on this machine, write the machine config
@@ -46,6 +52,7 @@ commands:
 fn usage_of(cmd: &str) -> Option<&'static str> {
     Some(match cmd {
         "run" => run::USAGE,
+        "attach" => attach::USAGE,
         "report" => report::USAGE,
         "sites" => sites::USAGE,
         "calibrate" => calibrate::cli::USAGE,
@@ -90,6 +97,10 @@ pub fn main(args: &[String]) -> ExitCode {
         "run" => run::parse(rest).and_then(|a| match a {
             Some(a) => run::run(&a).map(ExitCode::from),
             None => help(run::USAGE),
+        }),
+        "attach" => attach::parse(rest).and_then(|a| match a {
+            Some(a) => attach::run(&a).map(|()| ExitCode::SUCCESS),
+            None => help(attach::USAGE),
         }),
         "report" => report::parse(rest).and_then(|a| match a {
             Some(a) => report::run(&a).map(|()| ExitCode::SUCCESS),

@@ -3,10 +3,31 @@
 //! invalid value is reported on stderr and the default used.
 
 use crate::log;
+use std::sync::OnceLock;
+
+/// Settings given to a runtime that was attached to a running process
+/// (`process::attach_start`): they stand for the `FASTINST_*` variables
+/// the process was not started with. The process's environment is never
+/// written: `setenv` races every other thread's `getenv`.
+static OVERLAY: OnceLock<Vec<(String, String)>> = OnceLock::new();
+
+/// Sets the attached runtime's settings, once; false if they were set.
+pub(crate) fn set_overlay(vars: Vec<(String, String)>) -> bool {
+    OVERLAY.set(vars).is_ok()
+}
+
+/// The variable as set: from the attached runtime's settings, if any were
+/// given, else from the environment.
+pub(crate) fn var(name: &str) -> Option<String> {
+    match OVERLAY.get() {
+        Some(o) => o.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+        None => std::env::var(name).ok(),
+    }
+}
 
 /// The variable's value, `None` when unset or empty.
 pub(crate) fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+    var(name).filter(|v| !v.is_empty())
 }
 
 /// The variable parsed, or `default` (unset, empty, or invalid: reported).
@@ -29,7 +50,7 @@ pub(crate) fn parse_or_warn<T: std::str::FromStr<Err = String>>(name: &str, defa
 /// references count what the profiler estimates.
 pub(crate) fn inlined_from_env() -> bool {
     for name in ["FASTINST_INLINED", "FASTINST_PROFILE_INLINED"] {
-        if let Ok(v) = std::env::var(name) {
+        if let Some(v) = var(name) {
             match v.trim() {
                 "0" => return false,
                 "1" => return true,

@@ -81,6 +81,7 @@
 //! ```
 
 mod api;
+pub mod attach;
 pub mod c_abi;
 pub mod clock;
 mod code;

@@ -134,6 +134,17 @@ fn load_client(path: &str) {
     }
 }
 
+/// The tool this process runs.
+pub(crate) fn tool() -> Tool {
+    match TOOL.load(Ordering::Relaxed) {
+        t if t == Tool::Profile as u8 => Tool::Profile,
+        t if t == Tool::Trace as u8 => Tool::Trace,
+        t if t == Tool::Count as u8 => Tool::Count,
+        t if t == Tool::Off as u8 => Tool::Off,
+        _ => Tool::None,
+    }
+}
+
 /// Ends the run: logs the runtime's counters and writes the tool's reports
 /// (profile, trace or counts). Called once, at exit.
 pub fn finish() {

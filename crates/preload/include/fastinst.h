@@ -124,6 +124,13 @@ uint32_t fastinst_probe_count(void);
 int fastinst_probe_info(fastinst_probe_id id, fastinst_probe_meta *out);
 const char *fastinst_strerror(int code);
 
+/* Used by `fastinst attach PID` (docs/attach.md), which calls it inside the
+ * target after dlopen: starts the runtime from the settings file CONFIG.
+ * Returns 0; 1 the file is unreadable, 2 the runtime was started already,
+ * 3 the control socket could not be made, 4 the file names no socket,
+ * -1 a NULL or non-UTF-8 path. Not for programs to call. */
+int fastinst_attach_start(const char *config);
+
 #ifdef __cplusplus
 }
 #endif

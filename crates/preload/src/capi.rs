@@ -151,3 +151,30 @@ pub unsafe extern "C" fn fastinst_get_stats(out: *mut fastinst::Stats) -> c_int 
 pub extern "C" fn fastinst_strerror(code: c_int) -> *const c_char {
     message(code).as_ptr()
 }
+
+/// Starts the runtime in a process it was attached to, from the settings
+/// file `config` (`fastinst attach` calls it in the target, after
+/// `dlopen`; see `fastinst::attach`). Returns 0, or the
+/// [`fastinst::attach::AttachError::code`] of why it did not start; -1 for
+/// a NULL or non-UTF-8 path or a panic.
+///
+/// # Safety
+/// `config` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn fastinst_attach_start(config: *const std::ffi::c_char) -> i32 {
+    if config.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let Ok(path) = unsafe { std::ffi::CStr::from_ptr(config) }.to_str() else {
+        return -1;
+    };
+    std::panic::catch_unwind(|| match fastinst::attach::start(std::path::Path::new(path)) {
+        Ok(()) => {
+            crate::at_exit_while_attached();
+            0
+        }
+        Err(e) => e.code(),
+    })
+    .unwrap_or(-1)
+}

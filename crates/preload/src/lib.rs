@@ -35,6 +35,11 @@ static HEAP: heap::Heap = heap::Heap;
 
 extern "C" fn ctor() {
     let _ = std::panic::catch_unwind(|| {
+        if fastinst::attach::pending() {
+            // `fastinst attach` loaded it into a running process and
+            // starts it next, from its settings (`capi::fastinst_attach_start`).
+            return;
+        }
         fastinst::process::start_from_env();
         // SAFETY: plain extern "C" functions that catch every panic; they
         // take and release only locks the runtime owns.
@@ -53,6 +58,18 @@ extern "C" fn at_exit() {
     // from the system allocator, which reuses memory better (see `heap`).
     heap::hand_over();
     let _ = std::panic::catch_unwind(fastinst::process::finish);
+}
+
+/// Registers the exit handler of an attached runtime: a process that ends
+/// while attached gets its reports, as under `LD_PRELOAD`.
+pub(crate) fn at_exit_while_attached() {
+    extern "C" fn at_exit_attached() {
+        if fastinst::attach::attached() {
+            let _ = std::panic::catch_unwind(fastinst::process::finish);
+        }
+    }
+    // SAFETY: a plain extern "C" function that catches every panic.
+    unsafe { libc::atexit(at_exit_attached) };
 }
 
 extern "C" fn fork_prepare() {

@@ -37,7 +37,7 @@ const LAYERS: &[&[&str]] = &[
     &["wordpatch", "fastinst-report", "fastinst-args"],
     &["callpatch"],
     &["providers", "stress"],
-    &["fastinst", "calibrate"],
+    &["fastinst", "calibrate", "fastinst-attach"],
     &["fastinst-preload", "fastinst-cli"],
     &["fastinst-benches"],
 ];

@@ -182,6 +182,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             dump: AtomicBool::new(false),
             rearm_skipped: AtomicU64::new(0),
             sampler_ns: AtomicU64::new(0),
+            sampler_done: AtomicBool::new(false),
             whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
             out,
             program,
@@ -213,6 +214,22 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Stops the profiler for a detach ([`crate::attach`]): writes the
+/// reports as at exit and waits up to `wait` for the sampler thread to
+/// leave its loop; false if it did not.
+pub(crate) fn stop_for_detach(wait: std::time::Duration) -> bool {
+    let Some(p) = get() else { return true };
+    write_reports(false);
+    let until = Instant::now() + wait;
+    while !p.sampler_done.load(Ordering::Acquire) {
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
 }
 
 /// Before fork: take every profiler lock, so none is held by a thread that

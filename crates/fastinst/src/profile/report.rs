@@ -15,6 +15,14 @@ use std::sync::Arc;
 /// Says on stderr, in one line, where `what` was written, or why it was
 /// not; a flame graph that could not be drawn is logged as an error.
 pub(crate) fn announce(what: &str, dir: &std::path::Path, written: std::io::Result<Written>) {
+    if let Ok(w) = &written {
+        // An attached runtime keeps out of the program's stderr: the
+        // `fastinst attach` command that asked says where the files are.
+        if crate::attach::attached() {
+            crate::attach::record_written(&w.files);
+            return;
+        }
+    }
     match written {
         Ok(w) => {
             if let Some(e) = &w.flame_error {

@@ -244,6 +244,7 @@ pub(super) fn sampler_pthread() {
         let used = crate::rawthread::thread_cpu_ns().saturating_sub(dumping);
         p.sampler_ns.store(used, Ordering::Relaxed);
     }
+    p.sampler_done.store(true, Ordering::Release);
 }
 
 /// `d` in TSC ticks.
@@ -269,6 +270,7 @@ pub(super) extern "C" fn sampler_raw(arg: usize) {
         epoch(p, due, true, &mut rng, duration_ticks(p, cur));
         p.sampler_ns.store(crate::rawthread::thread_cpu_ns(), Ordering::Relaxed);
     }
+    p.sampler_done.store(true, Ordering::Release);
 }
 
 pub(super) extern "C" fn on_signal(_: libc::c_int) {

@@ -87,7 +87,7 @@ impl Settings {
     /// and the default kept.
     pub fn from_env() -> Settings {
         let mut s = Settings::default();
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_SAMPLES") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_SAMPLES") {
             match v.trim().parse::<u32>() {
                 Ok(n) if n >= 2 => s.samples = n,
                 _ => crate::log::error(format_args!(
@@ -95,7 +95,7 @@ impl Settings {
                 )),
             }
         }
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_EPOCH_MS") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_EPOCH_MS") {
             match v.trim().parse::<f64>() {
                 Ok(ms) if ms > 0.0 && ms <= 60_000.0 => s.epoch = Duration::from_secs_f64(ms / 1000.0),
                 _ => crate::log::error(format_args!(
@@ -103,7 +103,7 @@ impl Settings {
                 )),
             }
         }
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_SAMPLER") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_SAMPLER") {
             match v.trim() {
                 "clone" => s.sampler = Sampler::Clone,
                 "pthread" => s.sampler = Sampler::Pthread,
@@ -112,7 +112,7 @@ impl Settings {
                 )),
             }
         }
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_WINDOWS") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_WINDOWS") {
             match v.trim().parse::<usize>() {
                 Ok(n) if (1..=64).contains(&n) => s.windows = n,
                 _ => crate::log::error(format_args!(
@@ -120,7 +120,7 @@ impl Settings {
                 )),
             }
         }
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_CPU") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_CPU") {
             match v.trim() {
                 "0" => s.cpu_samples = false,
                 "1" => s.cpu_samples = true,
@@ -129,7 +129,7 @@ impl Settings {
         }
         // The setting every tool shares (its older name included).
         s.inlined = crate::env::inlined_from_env();
-        if let Ok(v) = std::env::var("FASTINST_PROFILE_SIGNAL") {
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_SIGNAL") {
             match v.trim().trim_start_matches("SIG") {
                 "" | "none" => {}
                 "USR1" => s.signal = libc::SIGUSR1,

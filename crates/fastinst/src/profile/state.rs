@@ -54,6 +54,9 @@ pub(crate) struct State {
     /// its re-arming and its wake-ups, a cost the handlers' time does not
     /// show.
     pub(crate) sampler_ns: AtomicU64,
+    /// The sampler thread has left its loop, for good (set once [`State::stop`]
+    /// is seen): what a detach waits for.
+    pub(crate) sampler_done: AtomicBool,
     /// [`window::WHOLE_OVERFLOW`] for this epoch length (see
     /// [`Settings::epoch_scale`]), kept for the counting handler.
     pub(crate) whole_overflow: u64,

@@ -1,0 +1,475 @@
+//! Attaching fastinst to a running process, and detaching it so that the
+//! process runs on as it was: what `fastinst attach PID` does.
+//!
+//! An attach, in order:
+//! 1. Checks that leave the process untouched: it exists, it is the
+//!    caller's (or the caller is root), no tracer holds it, the runtime is
+//!    not in it already, and its modules' ELF files list sled sites
+//!    (`-fpatchable-function-entry`).
+//! 2. Every thread is stopped with ptrace ([`threads::Stopped::all`]).
+//!    gcc's sleds are five 1-byte NOPs, and a thread may be stopped between
+//!    two of them: any such thread is single-stepped out, then the sleds
+//!    are rewritten to one 5-byte instruction through `/proc/PID/mem`. This
+//!    is the only time all threads are stopped.
+//! 3. All threads but one go on. That one, chosen stopped in a system call
+//!    other than a memory-mapping one, or outside the C library and the
+//!    loader (so it holds neither the loader's lock nor `malloc`'s), calls
+//!    `dlopen` on `libfastinst.so` and then `fastinst_attach_start` with
+//!    a settings file ([`remote::call`]); its registers and stack are put
+//!    back and it goes on.
+//!
+//! A detach ([`Session::detach`]) asks the runtime over its control socket
+//! to stop (reports written, every probe off, sampler ended), stops every
+//! thread again until none is inside the library, writes every sled's
+//! bytes back from the ELF file and checks them all, and lets go.
+//!
+//! What stays in the process: the mapped library (it cannot be unloaded
+//! while a call being timed may still return through it), its trampoline
+//! pages and its idle state.
+
+pub mod error;
+pub mod maps;
+pub mod mem;
+pub mod remote;
+pub mod sleds;
+pub mod threads;
+
+pub use error::{AttachError, Result};
+use mem::Mem;
+use nix::sys::ptrace;
+use nix::unistd::Pid;
+use sleds::Site;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use threads::Stopped;
+
+/// The file name of the runtime library.
+pub const LIBRARY_NAME: &str = "libfastinst.so";
+
+/// How long a call made in the process may take.
+const CALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// What an attach is given.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The runtime library to load (absolute).
+    pub library: PathBuf,
+    /// `FASTINST_*` settings for the runtime.
+    pub settings: Vec<(String, String)>,
+}
+
+/// What an attach measured.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// Threads stopped.
+    pub threads: usize,
+    /// Sled sites found, and of them rewritten to one instruction.
+    pub sites: usize,
+    /// See [`Timings::sites`].
+    pub normalised: usize,
+    /// From the first thread stopped to all going on again.
+    pub all_stopped: Duration,
+    /// The whole attach, until the runtime had started.
+    pub total: Duration,
+}
+
+/// A process with the runtime attached.
+#[derive(Debug)]
+pub struct Session {
+    pid: i32,
+    sites: Vec<Site>,
+    control: PathBuf,
+    library: PathBuf,
+    /// What the attach measured.
+    pub timings: Timings,
+}
+
+/// What a detach did.
+#[derive(Clone, Debug, Default)]
+pub struct Detached {
+    /// The report files the runtime wrote.
+    pub files: Vec<PathBuf>,
+    /// Sites checked equal to their files' bytes.
+    pub sites_checked: usize,
+    /// Times all threads were stopped before none was inside the library.
+    pub tries: usize,
+    /// From the request to letting go.
+    pub total: Duration,
+    /// Of it, all threads stopped (the last try).
+    pub all_stopped: Duration,
+}
+
+/// The process's owner (real uid) and tracer, from `/proc/PID/status`.
+fn owner_and_tracer(pid: i32) -> Result<(u32, i32)> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AttachError::NoProcess(pid),
+        _ => AttachError::io(path)(e),
+    })?;
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    let uid = field("Uid:").ok_or_else(|| AttachError::Other(format!("no Uid in /proc/{pid}/status")))?;
+    Ok((uid as u32, field("TracerPid:").unwrap_or(0) as i32))
+}
+
+/// The address of `symbol` in process memory, for the module whose path
+/// ends with `file_suffix`.
+fn symbol_in(maps: &[maps::Mapping], file_suffix: &str, symbol: &str) -> Result<u64> {
+    let modules = maps::modules(maps);
+    let m = modules
+        .iter()
+        .find(|m| m.path.file_name().is_some_and(|n| n.to_string_lossy() == file_suffix))
+        .ok_or_else(|| AttachError::NoSymbol {
+            symbol: symbol.into(),
+            module: file_suffix.into(),
+        })?;
+    let bytes = std::fs::read(&m.path).map_err(AttachError::io(m.path.display().to_string()))?;
+    let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| AttachError::Other(format!("{}: {e}", m.path.display())))?;
+    let first = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == goblin::elf::program_header::PT_LOAD)
+        .min_by_key(|p| p.p_offset)
+        .ok_or_else(|| AttachError::Other(format!("{}: no PT_LOAD", m.path.display())))?;
+    let bias = m.base.wrapping_sub(first.p_vaddr - first.p_offset);
+    elf.dynsyms
+        .iter()
+        .find(|s| s.st_value != 0 && elf.dynstrtab.get_at(s.st_name) == Some(symbol))
+        .map(|s| s.st_value.wrapping_add(bias))
+        .ok_or_else(|| AttachError::NoSymbol {
+            symbol: symbol.into(),
+            module: m.path.display().to_string(),
+        })
+}
+
+/// The settings file and control socket paths for `pid` of user `uid`
+/// (the runtime's `fastinst::attach::config_path` names the same file),
+/// the directory made (mode 0700, owned by `uid`) if needed.
+fn paths(uid: u32, pid: i32) -> Result<(PathBuf, PathBuf)> {
+    let dir = PathBuf::from(format!("/tmp/fastinst-{uid}"));
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(AttachError::io(dir.display().to_string()))?;
+        std::os::unix::fs::chown(&dir, Some(uid), None).map_err(AttachError::io(dir.display().to_string()))?;
+    }
+    Ok((dir.join(format!("attach-{pid}.conf")), dir.join(format!("{pid}.sock"))))
+}
+
+/// Whether a thread stopped with these registers may run `dlopen` without
+/// waiting on a lock it holds itself: in a system call that is not a
+/// memory-mapping one (`malloc` makes those holding its lock), or outside
+/// the C library and the loader.
+fn safe_to_borrow(regs: &libc::user_regs_struct, maps: &[maps::Mapping]) -> bool {
+    const MM: [u64; 6] = [9, 10, 11, 12, 25, 28]; // mmap mprotect munmap brk mremap madvise
+    if (regs.orig_rax as i64) >= 0 {
+        return !MM.contains(&regs.orig_rax);
+    }
+    !maps.iter().any(|m| {
+        m.contains(regs.rip)
+            && (m.path.contains("/libc.so") || m.path.contains("/ld-linux") || m.path.contains("/libc-"))
+    })
+}
+
+/// Attaches the runtime to process `pid`.
+pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
+    let began = Instant::now();
+    let (owner, tracer) = owner_and_tracer(pid)?;
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    if me != 0 && me != owner {
+        return Err(AttachError::NotOwner { pid, owner, me });
+    }
+    if tracer != 0 {
+        return Err(AttachError::Traced { pid, tracer });
+    }
+    let maps = maps::of(pid)?;
+    if maps.iter().any(|m| m.path.ends_with(LIBRARY_NAME)) {
+        return Err(AttachError::AlreadyLoaded(pid));
+    }
+    let sites = sleds::of_modules(&maps::modules(&maps))?;
+    if sites.is_empty() {
+        return Err(AttachError::NoSites(pid));
+    }
+    let dlopen = symbol_in(&maps, "libc.so.6", "dlopen")?;
+    let dlerror = symbol_in(&maps, "libc.so.6", "dlerror")?;
+    let (config, control) = paths(owner, pid)?;
+    let mut text = String::from("# written by fastinst attach\n");
+    for (k, v) in &opts.settings {
+        text.push_str(&format!("{k}={v}\n"));
+    }
+    text.push_str(&format!("FASTINST_CONTROL={}\n", control.display()));
+    std::fs::write(&config, text).map_err(AttachError::io(config.display().to_string()))?;
+    let _ = std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600));
+    let _ = std::os::unix::fs::chown(&config, Some(owner), None);
+    let r = attach_stopped(pid, opts, &maps, &sites, dlopen, dlerror, &config, began);
+    let _ = std::fs::remove_file(&config);
+    let timings = r?;
+    Ok(Session {
+        pid,
+        sites,
+        control,
+        library: opts.library.clone(),
+        timings,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attach_stopped(
+    pid: i32,
+    opts: &Options,
+    maps: &[maps::Mapping],
+    sites: &[Site],
+    dlopen: u64,
+    dlerror: u64,
+    config: &Path,
+    began: Instant,
+) -> Result<Timings> {
+    let mem = Mem::open(pid)?;
+    let mut timings = Timings {
+        sites: sites.len(),
+        ..Timings::default()
+    };
+    let mut tries = 0;
+    let (held, stopped_for) = loop {
+        let t0 = Instant::now();
+        let mut all = Stopped::all(pid)?;
+        timings.threads = all.threads.len();
+        let borrow = all
+            .threads
+            .iter()
+            .find(|h| ptrace::getregs(h.tid).is_ok_and(|r| safe_to_borrow(&r, maps)))
+            .map(|h| h.tid);
+        let Some(borrow) = borrow else {
+            all.release();
+            tries += 1;
+            if tries > 500 {
+                return Err(AttachError::Other(format!(
+                    "process {pid}: every thread stayed inside the C library's allocator or loader for 1 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        };
+        if tries == 0 || timings.normalised == 0 {
+            for (tid, pc) in all.pcs() {
+                if let Some(s) = sites
+                    .iter()
+                    .find(|s| pc > s.addr && pc < s.addr + 5 && s.needs_normalising())
+                {
+                    all.step_out(tid, s.addr, s.addr + 5)?;
+                }
+            }
+            for s in sites.iter().filter(|s| s.needs_normalising()) {
+                mem.write(s.addr, &sleds::ONE_INSTRUCTION)?;
+                timings.normalised += 1;
+            }
+        }
+        let held = all.release_except(borrow);
+        break (held, t0.elapsed());
+    };
+    timings.all_stopped = stopped_for;
+    let tid = held.tid;
+    let result = load_and_start(&mem, pid, tid, opts, dlopen, dlerror, config);
+    let _ = ptrace::detach(tid, held.pending);
+    if let Err(e) = result {
+        // Leave the process as it was: the sleds' bytes back.
+        if let Ok(mut all) = Stopped::all(pid) {
+            for s in sites.iter().filter(|s| s.needs_normalising()) {
+                let _ = mem.write(s.addr, &s.original);
+            }
+            all.release();
+        }
+        return Err(e);
+    }
+    timings.total = began.elapsed();
+    Ok(timings)
+}
+
+fn load_and_start(
+    mem: &Mem,
+    pid: i32,
+    tid: Pid,
+    opts: &Options,
+    dlopen: u64,
+    dlerror: u64,
+    config: &Path,
+) -> Result<()> {
+    let lib = opts.library.to_string_lossy().into_owned();
+    let mut path = lib.clone().into_bytes();
+    path.push(0);
+    let handle = remote::call(
+        mem,
+        tid,
+        dlopen,
+        &[remote::DATA, libc::RTLD_NOW as u64],
+        &path,
+        "dlopen",
+        CALL_LIMIT,
+    )?;
+    if handle == 0 {
+        let msg = remote::call(mem, tid, dlerror, &[], &[], "dlerror", CALL_LIMIT)?;
+        let message = if msg == 0 {
+            "unknown error".to_string()
+        } else {
+            mem.c_string(msg)?
+        };
+        return Err(AttachError::Dlopen { library: lib, message });
+    }
+    let maps = maps::of(pid)?;
+    let start = symbol_in(&maps, LIBRARY_NAME, "fastinst_attach_start")?;
+    let mut cfg = config.to_string_lossy().into_owned().into_bytes();
+    cfg.push(0);
+    let code = remote::call(
+        mem,
+        tid,
+        start,
+        &[remote::DATA],
+        &cfg,
+        "fastinst_attach_start",
+        CALL_LIMIT,
+    )? as i32;
+    if code != 0 {
+        let reason = match code {
+            1 => "the settings file could not be read",
+            2 => "the runtime was started in this process already",
+            3 => "the control socket could not be made",
+            4 => "the settings name no control socket",
+            _ => "a panic or a bad argument",
+        };
+        return Err(AttachError::Start { pid, code, reason });
+    }
+    Ok(())
+}
+
+/// Sends one command line to the runtime's control socket at `path` and
+/// returns its one-line answer.
+pub fn control(path: &Path, command: &str) -> Result<String> {
+    let what = format!("control socket {}", path.display());
+    let mut s = UnixStream::connect(path).map_err(AttachError::io(what.clone()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(AttachError::io(what.clone()))?;
+    writeln!(s, "{command}").map_err(AttachError::io(what.clone()))?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).map_err(AttachError::io(what))?;
+    Ok(line.trim_end().to_string())
+}
+
+impl Session {
+    /// The process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The runtime's control socket.
+    pub fn control_path(&self) -> &Path {
+        &self.control
+    }
+
+    /// Sends a command to the runtime ([`control`]).
+    pub fn command(&self, command: &str) -> Result<String> {
+        control(&self.control, command)
+    }
+
+    /// Detaches: the runtime stops and writes its reports, then every sled
+    /// gets its file's bytes back, with no thread inside the library.
+    pub fn detach(self) -> Result<Detached> {
+        let began = Instant::now();
+        let answer = self.command("detach")?;
+        let files = match answer.strip_prefix("ok") {
+            Some(rest) => rest.split_whitespace().map(PathBuf::from).collect(),
+            None => return Err(AttachError::Other(format!("the runtime did not detach: {answer}"))),
+        };
+        let mem = Mem::open(self.pid)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let t0 = Instant::now();
+            let mut all = Stopped::all(self.pid)?;
+            let maps = maps::of(self.pid)?;
+            let lib: Vec<&maps::Mapping> = maps
+                .iter()
+                .filter(|m| m.exec() && (Path::new(&m.path) == self.library || m.path.ends_with(LIBRARY_NAME)))
+                .collect();
+            let inside = all.pcs().iter().any(|(_, pc)| lib.iter().any(|m| m.contains(*pc)));
+            if inside && tries < 1000 {
+                all.release();
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            // Every site: the runtime's off bytes are a 5-byte NOP of its
+            // own, and clang's differ from it. Both forms are one
+            // instruction, so no stopped thread can be inside either.
+            for (addr, _) in sleds::differing(&mem, &self.sites)? {
+                if let Some(s) = self.sites.iter().find(|s| s.addr == addr) {
+                    mem.write(s.addr, &s.original)?;
+                }
+            }
+            let wrong = sleds::differing(&mem, &self.sites)?;
+            all.release();
+            let all_stopped = t0.elapsed();
+            if let Some((addr, found)) = wrong.first() {
+                return Err(AttachError::Other(format!(
+                    "{} sites differ from their files after the detach, the first at {addr:#x}: {found:02x?}",
+                    wrong.len()
+                )));
+            }
+            if inside {
+                return Err(AttachError::Other(
+                    "a thread stayed inside the runtime's code for 1 s; the sleds were restored all the same".into(),
+                ));
+            }
+            return Ok(Detached {
+                files,
+                sites_checked: self.sites.len(),
+                tries,
+                total: began.elapsed(),
+                all_stopped,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_process_is_named() {
+        // Beyond the default pid_max.
+        let e = attach(
+            4_194_304 + 7,
+            &Options {
+                library: "/nonexistent".into(),
+                settings: vec![],
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, AttachError::NoProcess(_)), "{e}");
+    }
+
+    #[test]
+    fn a_thread_in_malloc_is_not_borrowed() {
+        let maps =
+            maps::parse("7f0000000000-7f0000100000 r-xp 00026000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6\n");
+        // SAFETY: user_regs_struct is plain integers.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        r.orig_rax = u64::MAX;
+        r.rip = 0x7f00_0000_1000;
+        assert!(!safe_to_borrow(&r, &maps), "running inside libc");
+        r.rip = 0x5555_0000_0000;
+        assert!(safe_to_borrow(&r, &maps), "running in the program");
+        r.orig_rax = 9;
+        assert!(!safe_to_borrow(&r, &maps), "in mmap");
+        r.orig_rax = 232;
+        assert!(safe_to_borrow(&r, &maps), "in epoll_wait");
+    }
+}

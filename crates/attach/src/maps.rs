@@ -1,0 +1,127 @@
+//! A process's mappings (`/proc/PID/maps`) and the ELF modules they hold.
+
+use crate::error::{AttachError, Result};
+use std::path::PathBuf;
+
+/// One mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// First byte.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
+    /// `rwxp`-style permissions.
+    pub perms: String,
+    /// Offset in the file.
+    pub offset: u64,
+    /// The file, or a pseudo-name (`[stack]`), or empty.
+    pub path: String,
+}
+
+impl Mapping {
+    /// Whether it is executable.
+    pub fn exec(&self) -> bool {
+        self.perms.as_bytes().get(2) == Some(&b'x')
+    }
+
+    /// Whether `addr` lies in it.
+    pub fn contains(&self, addr: u64) -> bool {
+        (self.start..self.end).contains(&addr)
+    }
+}
+
+/// Parses the text of `/proc/PID/maps`.
+pub fn parse(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_ascii_whitespace();
+            let (range, perms, offset) = (w.next()?, w.next()?, w.next()?);
+            let (_dev, _inode) = (w.next()?, w.next()?);
+            let path = w.collect::<Vec<_>>().join(" ");
+            let (a, b) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(a, 16).ok()?,
+                end: u64::from_str_radix(b, 16).ok()?,
+                perms: perms.to_string(),
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The mappings of process `pid`.
+pub fn of(pid: i32) -> Result<Vec<Mapping>> {
+    let path = format!("/proc/{pid}/maps");
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Ok(parse(&t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(AttachError::NoProcess(pid)),
+        Err(e) => Err(AttachError::io(path)(e)),
+    }
+}
+
+/// An ELF file mapped with code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Module {
+    /// Its path.
+    pub path: PathBuf,
+    /// Where its file offset 0 is mapped (the lowest mapping of the file).
+    pub base: u64,
+}
+
+/// The files mapped with an executable mapping, once each, in address
+/// order.
+pub fn modules(maps: &[Mapping]) -> Vec<Module> {
+    let mut out: Vec<Module> = Vec::new();
+    for m in maps.iter().filter(|m| m.exec() && m.path.starts_with('/')) {
+        if out.iter().any(|o| o.path.as_os_str() == m.path.as_str()) {
+            continue;
+        }
+        let base = maps
+            .iter()
+            .filter(|o| o.path == m.path && o.offset == 0)
+            .map(|o| o.start)
+            .min()
+            .unwrap_or(m.start - m.offset);
+        out.push(Module {
+            path: PathBuf::from(&m.path),
+            base,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+555555554000-555555555000 r--p 00000000 08:01 123 /usr/bin/my prog
+555555555000-555555556000 r-xp 00001000 08:01 123 /usr/bin/my prog
+7ffff7dc0000-7ffff7de6000 r--p 00000000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+7ffff7de6000-7ffff7f3b000 r-xp 00026000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]
+";
+
+    #[test]
+    fn maps_lines_parse_and_modules_have_their_base() {
+        let m = parse(MAPS);
+        assert_eq!(m.len(), 5);
+        assert!(m[1].exec() && !m[0].exec());
+        assert_eq!(m[1].path, "/usr/bin/my prog");
+        let mods = modules(&m);
+        assert_eq!(
+            mods,
+            vec![
+                Module {
+                    path: "/usr/bin/my prog".into(),
+                    base: 0x5555_5555_4000
+                },
+                Module {
+                    path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                    base: 0x7fff_f7dc_0000
+                },
+            ]
+        );
+    }
+}

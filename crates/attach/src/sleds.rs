@@ -1,0 +1,123 @@
+//! The sled sites of a process's modules, read from their ELF files: where
+//! each is in memory and what its bytes are in the file.
+
+use crate::error::{AttachError, Result};
+use crate::maps::Module;
+use crate::mem::Mem;
+use goblin::elf::program_header::PT_LOAD;
+use goblin::elf::Elf;
+use providers::elf::SymbolTable;
+use providers::patchable::{self, NORMALISED, SLED_LEN};
+use providers::sections::Sections;
+
+/// One sled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    /// Its first toggled byte, in the process.
+    pub addr: u64,
+    /// Its bytes in the file.
+    pub original: [u8; SLED_LEN],
+}
+
+impl Site {
+    /// Whether it must be rewritten to one instruction before a probe may
+    /// be switched at it: gcc's five 1-byte NOPs, between which a thread
+    /// may be stopped.
+    pub fn needs_normalising(&self) -> bool {
+        self.original == [0x90; SLED_LEN]
+    }
+}
+
+/// The sites of the ELF file `bytes` mapped with its offset 0 at `base`.
+pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
+    let bad = |e: &dyn std::fmt::Display| AttachError::Other(format!("ELF: {e}"));
+    let elf = Elf::parse(bytes).map_err(|e| bad(&e))?;
+    let loads: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).collect();
+    let Some(first) = loads.iter().min_by_key(|p| p.p_offset) else {
+        return Ok(Vec::new());
+    };
+    let bias = base.wrapping_sub(first.p_vaddr - first.p_offset);
+    let sections = Sections::parse(bytes).map_err(|e| bad(&e))?;
+    let table = patchable::table(&sections);
+    if table.is_empty() {
+        return Ok(Vec::new());
+    }
+    let symbols = SymbolTable::from_sections(&sections, bytes, 0).map_err(|e| bad(&e))?;
+    let mut out = Vec::new();
+    for recorded in table {
+        let (entry, _) = patchable::entry_of(recorded, &symbols);
+        let Some(ph) = loads
+            .iter()
+            .find(|p| entry >= p.p_vaddr && entry + SLED_LEN as u64 <= p.p_vaddr + p.p_filesz)
+        else {
+            continue;
+        };
+        let off = (ph.p_offset + entry - ph.p_vaddr) as usize;
+        let Some(b) = bytes.get(off..off + SLED_LEN) else {
+            continue;
+        };
+        out.push(Site {
+            addr: entry.wrapping_add(bias),
+            original: b.try_into().expect("5 bytes"),
+        });
+    }
+    out.sort_by_key(|s| s.addr);
+    out.dedup_by_key(|s| s.addr);
+    Ok(out)
+}
+
+/// The sites of every module.
+pub fn of_modules(modules: &[Module]) -> Result<Vec<Site>> {
+    let mut out = Vec::new();
+    for m in modules {
+        let Ok(bytes) = std::fs::read(&m.path) else { continue };
+        match of_file(&bytes, m.base) {
+            Ok(s) => out.extend(s),
+            // A file that is not ELF (or changed on disk) has no sites we can trust.
+            Err(_) => continue,
+        }
+    }
+    Ok(out)
+}
+
+/// The sites whose bytes in the process are not their file's, with what
+/// was found.
+pub fn differing(mem: &Mem, sites: &[Site]) -> Result<Vec<(u64, [u8; SLED_LEN])>> {
+    let mut out = Vec::new();
+    for s in sites {
+        let mut b = [0u8; SLED_LEN];
+        mem.read(s.addr, &mut b)?;
+        if b != s.original {
+            out.push((s.addr, b));
+        }
+    }
+    Ok(out)
+}
+
+/// The one-instruction form a gcc sled is given.
+pub const ONE_INSTRUCTION: [u8; SLED_LEN] = NORMALISED;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_one_byte_nops_need_normalising() {
+        let gcc = Site {
+            addr: 0,
+            original: [0x90; 5],
+        };
+        let clang = Site {
+            addr: 0,
+            original: [0x0f, 0x1f, 0x44, 0x00, 0x08],
+        };
+        assert!(gcc.needs_normalising() && !clang.needs_normalising());
+    }
+
+    /// This test binary has no sleds (cargo does not build with them).
+    #[test]
+    fn a_file_without_the_table_has_no_sites() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(of_file(&exe, 0).unwrap().is_empty());
+    }
+}

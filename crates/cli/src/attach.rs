@@ -1,0 +1,135 @@
+//! `fastinst attach`: the profiler (or another tool) in a process that is
+//! already running, for a while, then detached (`fastinst-attach`).
+
+use crate::error::{CliError, Result};
+use crate::{library, run};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Usage text.
+pub const USAGE: &str = "\
+usage: fastinst attach [options] PID
+
+Loads libfastinst.so into running process PID (built with
+-fpatchable-function-entry=5) with ptrace, profiles it for --duration
+seconds or until Ctrl-C, writes the reports, and detaches: every sled gets
+its file's bytes back (checked), and the process runs on. The process's
+output is its own: nothing is written to its stdout or stderr. See
+docs/attach.md.
+
+options:
+  --duration S      seconds to stay attached (default: until Ctrl-C)
+  and those of `fastinst run` that configure the runtime: --tool, --out,
+  --samples, --epoch-ms, --windows, --no-cpu, --inlined, --log, --lib
+  -h, --help        this text
+";
+
+/// A parsed `fastinst attach`.
+#[derive(Debug, PartialEq)]
+pub struct AttachArgs {
+    /// The process.
+    pub pid: i32,
+    /// How long to stay; `None`: until Ctrl-C.
+    pub duration: Option<Duration>,
+    /// The runtime's settings and library, as `fastinst run` reads them.
+    pub run: run::RunArgs,
+}
+
+/// Parses the arguments; `None` for `--help`.
+pub fn parse(argv: &[String]) -> Result<Option<AttachArgs>> {
+    let mut rest = Vec::new();
+    let mut duration = None;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let value = if a == "--duration" {
+            Some(it.next().cloned().unwrap_or_default())
+        } else {
+            a.strip_prefix("--duration=").map(str::to_string)
+        };
+        match value {
+            Some(v) => match v.parse::<f64>() {
+                Ok(s) if s > 0.0 && s.is_finite() => duration = Some(Duration::from_secs_f64(s)),
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "fastinst attach: --duration: `{v}` is not a positive number of seconds"
+                    )))
+                }
+            },
+            None => rest.push(a.clone()),
+        }
+    }
+    let Some(run) = run::parse(&rest)? else { return Ok(None) };
+    let pid = match run.command.as_slice() {
+        [p] => p
+            .parse::<i32>()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| CliError::Usage(format!("fastinst attach: `{p}` is not a process id")))?,
+        _ => return Err(CliError::Usage("fastinst attach: give one process id".into())),
+    };
+    Ok(Some(AttachArgs { pid, duration, run }))
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Attaches, waits, detaches; says what it did on stderr.
+pub fn run(a: &AttachArgs) -> Result<()> {
+    let lib = library::find(a.run.lib.as_deref())?;
+    let out = match &a.run.out {
+        Some(o) => {
+            std::fs::create_dir_all(o).map_err(CliError::io(o))?;
+            o.canonicalize().map_err(CliError::io(o))?
+        }
+        None => std::env::current_dir().map_err(CliError::io("."))?,
+    };
+    let mut settings: Vec<(String, String)> = a.run.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    settings.push(("FASTINST_OUT".into(), out.display().to_string()));
+    let handler = nix::sys::signal::SigHandler::Handler(on_interrupt);
+    // SAFETY: the handler stores to an atomic, which is async-signal-safe.
+    let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGINT, handler) };
+    let session = fastinst_attach::attach(a.pid, &fastinst_attach::Options { library: lib, settings })
+        .map_err(|e| CliError::Attach(e.to_string()))?;
+    let t = &session.timings;
+    eprintln!(
+        "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction)",
+        a.pid,
+        t.total.as_secs_f64() * 1e3,
+        t.threads,
+        t.all_stopped.as_secs_f64() * 1e3,
+        t.sites,
+        t.normalised
+    );
+    let began = Instant::now();
+    let alive = || std::path::Path::new(&format!("/proc/{}", a.pid)).exists();
+    while !INTERRUPTED.load(Ordering::Relaxed) && a.duration.is_none_or(|d| began.elapsed() < d) {
+        if !alive() {
+            eprintln!(
+                "fastinst: process {} exited while attached; its reports were written at its exit",
+                a.pid
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let d = session.detach().map_err(|e| CliError::Attach(e.to_string()))?;
+    eprintln!(
+        "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files)",
+        a.pid,
+        d.total.as_secs_f64() * 1e3,
+        d.all_stopped.as_secs_f64() * 1e3,
+        d.sites_checked
+    );
+    if let Some(first) = d.files.first() {
+        let rest: Vec<String> = d.files[1..].iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "fastinst: reports written to {} (also {})",
+            first.display(),
+            rest.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! `fastinst attach PID` on running multi-threaded programs, gcc and clang
+//! sled builds (PIE, -O2): the program's output and exit status are those
+//! of an unattached run, the reports are written, and after the detach
+//! every sled's bytes in the process equal its file's while the program
+//! runs on. Every refusal leaves the target untouched and says why.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn fastinst(args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst"));
+    c.args(args).env_remove("FASTINST_LIB");
+    testkit::output_within(c, LIMIT, &format!("fastinst {}", args.join(" ")))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastinst-attach-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `tests/c/tree.c` of the preload crate built with `cc flags`.
+fn build(cc: &str, flags: &[&str], out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/c/tree.c");
+    let st = Command::new(cc)
+        .args(["-O2", "-pthread"])
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .unwrap_or_else(|e| panic!("{cc}: {e} (Debian package `{cc}`)"));
+    assert!(st.success(), "{cc} {flags:?} failed");
+}
+
+fn spawn(bin: &Path, args: &[&str]) -> Child {
+    Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `c` and returns its stdout and exit status.
+fn finish(mut c: Child) -> (String, Option<i32>) {
+    let mut out = String::new();
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    (out, c.wait().unwrap().code())
+}
+
+fn maps_have_runtime(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libfastinst.so"))
+}
+
+fn attach_profile_detach(cc: &str) {
+    let dir = scratch(cc);
+    let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+    build(cc, &[], &plain);
+    build(cc, &["-fpatchable-function-entry=5"], &inst);
+    // Four threads on however many CPUs, ~3 s.
+    let args = ["4", "40000"];
+    let (want, want_rc) = finish(spawn(&plain, &args));
+    let child = spawn(&inst, &args);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.join("out");
+    let o = fastinst(&[
+        "attach",
+        "--duration",
+        "0.7",
+        "--out",
+        out.to_str().unwrap(),
+        &pid.to_string(),
+    ]);
+    let err = text(&o.stderr);
+    println!("{err}");
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("attached to") && err.contains("detached from"), "{err}");
+    // The program still runs: its sleds are its file's bytes again.
+    let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
+    let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+    assert!(sites.len() >= 4, "{} sites", sites.len());
+    let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+    let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
+    assert!(wrong.is_empty(), "sites differ from the file after detach: {wrong:x?}");
+    let (got, rc) = finish(child);
+    assert_eq!(got, want, "the program's output changed");
+    assert_eq!(rc, want_rc);
+    let json = out.join(format!("fastinst-profile.{pid}.json"));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let names: Vec<&str> = r["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    for f in ["step", "leaf"] {
+        assert!(names.contains(&f), "{f} not in the attached profile: {names:?}");
+    }
+    let wall = r["wall_ms"].as_f64().unwrap();
+    assert!((500.0..5_000.0).contains(&wall), "profiled {wall} ms of a 0.7 s attach");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn gcc_sled_build_is_attached_profiled_and_left_as_it_was() {
+    attach_profile_detach("gcc");
+}
+
+#[test]
+fn clang_sled_build_is_attached_profiled_and_left_as_it_was() {
+    attach_profile_detach("clang");
+}
+
+#[test]
+fn refusals_name_their_reason_and_leave_the_target_untouched() {
+    // No such process.
+    let o = fastinst(&["attach", "--duration", "1", "4194311"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("no process 4194311"), "{}", text(&o.stderr));
+    // Nothing to probe: `sleep` has no sleds.
+    let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let o = fastinst(&["attach", "--duration", "1", &sleep.id().to_string()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("has no probe sites"), "{}", text(&o.stderr));
+    assert!(!maps_have_runtime(sleep.id()), "the library was loaded anyway");
+    assert!(sleep.try_wait().unwrap().is_none(), "the target died");
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    // Not a number.
+    let o = fastinst(&["attach", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// A process attached and detached once keeps the runtime loaded; a
+/// second attach is refused, with the reason, and the process runs on.
+#[test]
+fn a_second_attach_is_refused_and_harmless() {
+    let dir = scratch("twice");
+    let inst = dir.join("inst");
+    build("gcc", &["-fpatchable-function-entry=5"], &inst);
+    let child = spawn(&inst, &["2", "30000"]);
+    let pid = child.id().to_string();
+    std::thread::sleep(Duration::from_millis(200));
+    let out = dir.join("out");
+    let o = fastinst(&["attach", "--duration", "0.3", "--out", out.to_str().unwrap(), &pid]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let again = fastinst(&["attach", "--duration", "0.3", &pid]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stderr).contains("has the fastinst runtime already"),
+        "{}",
+        text(&again.stderr)
+    );
+    let (_, rc) = finish(child);
+    assert_eq!(rc, Some(0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,232 @@
+//! The runtime inside a process it was attached to (`fastinst attach PID`),
+//! not preloaded into.
+//!
+//! The `fastinst-attach` crate stops the process's threads with ptrace,
+//! rewrites its gcc sleds to 5-byte NOPs, writes a settings file
+//! ([`config_path`]) and makes one of its threads call `dlopen` on
+//! `libfastinst.so` and then `fastinst_attach_start` with that file, which
+//! ends here, in [`start`]. The library's constructor sees the file and
+//! leaves the starting to that call.
+//!
+//! The settings file holds `KEY=VALUE` lines: the `FASTINST_*` variables
+//! the process was not started with (read in place of its environment,
+//! which is never written: `setenv` races every other thread's `getenv`),
+//! and `FASTINST_CONTROL`, the path of the Unix socket this module serves
+//! (mode 0600, in a directory only its owner can enter). Over it, one
+//! line per connection, with one line of answer:
+//! - `status`: `ok attached <tool>`;
+//! - `report`: the profiler writes its reports now; `ok <files>`;
+//! - `detach`: the tool stops and writes its reports, every probe goes
+//!   off, the sampler thread ends; `ok <files>`, and the socket goes.
+//!
+//! What stays behind after a detach: the mapped library, its trampoline
+//! pages and its idle state. Calls that were being timed when the tool
+//! stopped still return through the library's exit trampoline, which pairs
+//! them and returns as before; nothing calls into the library otherwise.
+//! A process is attached once: the runtime's tools are made once per
+//! process, so attaching again is refused ([`AttachError::AlreadyStarted`]).
+
+use crate::tools::Tool;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+static STARTED: AtomicBool = AtomicBool::new(false);
+static WRITTEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Why an attached start failed: also `fastinst_attach_start`'s status
+/// ([`AttachError::code`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The settings file could not be read.
+    #[error("cannot read the settings file {0}: {1}")]
+    Config(PathBuf, std::io::Error),
+    /// The runtime was started already (preloaded, or attached before).
+    #[error("the runtime was started in this process already")]
+    AlreadyStarted,
+    /// The control socket could not be made.
+    #[error("cannot serve the control socket {0}: {1}")]
+    Control(PathBuf, std::io::Error),
+    /// The settings name no control socket.
+    #[error("the settings name no FASTINST_CONTROL socket")]
+    NoControl,
+}
+
+impl AttachError {
+    /// The status `fastinst_attach_start` returns for it (0 is success).
+    pub fn code(&self) -> i32 {
+        match self {
+            AttachError::Config(..) => 1,
+            AttachError::AlreadyStarted => 2,
+            AttachError::Control(..) => 3,
+            AttachError::NoControl => 4,
+        }
+    }
+}
+
+/// Whether the runtime was started by an attach (and has not been
+/// detached): reports then go to files only, never to the program's
+/// stderr.
+pub fn attached() -> bool {
+    ATTACHED.load(Ordering::Acquire)
+}
+
+/// Where `fastinst attach` writes the settings for process `pid` of user
+/// `uid`: in `/tmp/fastinst-<uid>/`, a directory only its owner can
+/// enter.
+pub fn config_path(uid: u32, pid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/fastinst-{uid}/attach-{pid}.conf"))
+}
+
+/// Whether an attach of this process is under way: its settings file is
+/// there (the library's constructor then starts nothing itself).
+pub fn pending() -> bool {
+    // SAFETY: getuid and getpid cannot fail.
+    let (uid, pid) = unsafe { (libc::getuid(), libc::getpid()) };
+    config_path(uid, pid as u32).exists()
+}
+
+/// Parses a settings file's `KEY=VALUE` lines (blank lines and `#`
+/// comments skipped).
+fn parse_config(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .collect()
+}
+
+/// Starts the runtime from the settings file `config` and serves the
+/// control socket it names. The tool starts as under `LD_PRELOAD`
+/// ([`crate::process::start_from_env`]), with the file's settings for
+/// environment.
+pub fn start(config: &Path) -> Result<(), AttachError> {
+    let text = std::fs::read_to_string(config).map_err(|e| AttachError::Config(config.into(), e))?;
+    let vars = parse_config(&text);
+    let control = vars
+        .iter()
+        .find(|(k, _)| k == "FASTINST_CONTROL")
+        .map(|(_, v)| PathBuf::from(v))
+        .ok_or(AttachError::NoControl)?;
+    if STARTED.swap(true, Ordering::AcqRel) || !crate::env::set_overlay(vars) {
+        return Err(AttachError::AlreadyStarted);
+    }
+    let _ = std::fs::remove_file(&control);
+    let listener = UnixListener::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| AttachError::Control(control.clone(), e))?;
+    ATTACHED.store(true, Ordering::Release);
+    crate::process::start_from_env();
+    std::thread::Builder::new()
+        .name("fastinst-control".into())
+        .spawn(move || serve(listener, control))
+        .map_err(|e| AttachError::Control(PathBuf::new(), e))?;
+    Ok(())
+}
+
+/// Notes the files a report was written to, for the control's answer.
+pub(crate) fn record_written(files: &[PathBuf]) {
+    if let Ok(mut w) = WRITTEN.lock() {
+        w.extend_from_slice(files);
+    }
+}
+
+fn take_written() -> String {
+    let files = WRITTEN.lock().map(|mut w| std::mem::take(&mut *w)).unwrap_or_default();
+    files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Serves the control socket until a `detach`.
+fn serve(listener: UnixListener, path: PathBuf) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let mut line = String::new();
+        if BufReader::new(&conn).read_line(&mut line).is_err() {
+            continue;
+        }
+        let (answer, done) = match line.trim() {
+            "status" => (format!("ok attached {:?}", crate::process::tool()), false),
+            "report" => {
+                if crate::process::tool() == Tool::Profile {
+                    crate::profile::write_reports(true);
+                    (format!("ok {}", take_written()), false)
+                } else {
+                    ("error only the profiler writes reports on demand".to_string(), false)
+                }
+            }
+            "detach" => match detach() {
+                Ok(()) => (format!("ok {}", take_written()), true),
+                Err(e) => (format!("error {e}"), true),
+            },
+            other => (
+                format!("error unknown command `{other}` (status, report, detach)"),
+                false,
+            ),
+        };
+        let _ = writeln!(conn, "{answer}");
+        if done {
+            break;
+        }
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+/// Ends the attached run: the tool writes its reports as at exit, its
+/// sampler thread ends, and every probe goes off (a sled back to its
+/// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
+fn detach() -> Result<(), String> {
+    let sampler_ended = crate::profile::stop_for_detach(Duration::from_secs(2));
+    if crate::process::tool() != Tool::Profile {
+        crate::process::finish();
+    }
+    let mut failed = 0;
+    for p in crate::registry::iter() {
+        if crate::deactivate(p.meta.id).is_err() {
+            failed += 1;
+        }
+    }
+    ATTACHED.store(false, Ordering::Release);
+    if !sampler_ended {
+        return Err("the sampler thread did not end within 2 s".into());
+    }
+    if failed > 0 {
+        return Err(format!("{failed} probes could not be switched off"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_lines_are_read_as_variables() {
+        let v = parse_config("# made by fastinst attach\nFASTINST_TOOL=profile\n\nFASTINST_OUT=/a=b\n  junk\n");
+        assert_eq!(
+            v,
+            vec![
+                ("FASTINST_TOOL".to_string(), "profile".to_string()),
+                ("FASTINST_OUT".to_string(), "/a=b".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn the_settings_file_is_named_by_user_and_process() {
+        assert_eq!(
+            config_path(1000, 42),
+            PathBuf::from("/tmp/fastinst-1000/attach-42.conf")
+        );
+    }
+}
