@@ -32,12 +32,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
-static ATTACHED: AtomicBool = AtomicBool::new(false);
 static STARTED: AtomicBool = AtomicBool::new(false);
-static WRITTEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Why an attached start failed: also `fastinst_attach_start`'s status
 /// ([`AttachError::code`]).
@@ -74,7 +71,7 @@ impl AttachError {
 /// detached): reports then go to files only, never to the program's
 /// stderr.
 pub fn attached() -> bool {
-    ATTACHED.load(Ordering::Acquire)
+    crate::attached::get()
 }
 
 /// Where `fastinst attach` writes the settings for process `pid` of user
@@ -122,7 +119,7 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     let listener = UnixListener::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
     std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| AttachError::Control(control.clone(), e))?;
-    ATTACHED.store(true, Ordering::Release);
+    crate::attached::set(true);
     crate::process::start_from_env();
     std::thread::Builder::new()
         .name("fastinst-control".into())
@@ -131,15 +128,8 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     Ok(())
 }
 
-/// Notes the files a report was written to, for the control's answer.
-pub(crate) fn record_written(files: &[PathBuf]) {
-    if let Ok(mut w) = WRITTEN.lock() {
-        w.extend_from_slice(files);
-    }
-}
-
 fn take_written() -> String {
-    let files = WRITTEN.lock().map(|mut w| std::mem::take(&mut *w)).unwrap_or_default();
+    let files = crate::attached::take_written();
     files
         .iter()
         .map(|p| p.display().to_string())
@@ -196,7 +186,7 @@ fn detach() -> Result<(), String> {
             failed += 1;
         }
     }
-    ATTACHED.store(false, Ordering::Release);
+    crate::attached::set(false);
     if !sampler_ended {
         return Err("the sampler thread did not end within 2 s".into());
     }

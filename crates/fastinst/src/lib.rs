@@ -82,6 +82,7 @@
 
 mod api;
 pub mod attach;
+mod attached;
 pub mod c_abi;
 pub mod clock;
 mod code;

@@ -88,7 +88,7 @@ pub(crate) fn write_reports(on_demand: bool) {
         &p.out,
         written,
     );
-    if !on_demand && !crate::attach::attached() {
+    if !on_demand && !crate::attached::get() {
         // The process is exiting: handing the report's ~200,000 blocks
         // (a name per frame per path) back to malloc one by one took ~1.5
         // ms of SQLite's exit, for memory about to go anyway.

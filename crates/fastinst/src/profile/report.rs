@@ -18,8 +18,8 @@ pub(crate) fn announce(what: &str, dir: &std::path::Path, written: std::io::Resu
     if let Ok(w) = &written {
         // An attached runtime keeps out of the program's stderr: the
         // `fastinst attach` command that asked says where the files are.
-        if crate::attach::attached() {
-            crate::attach::record_written(&w.files);
+        if crate::attached::get() {
+            crate::attached::record_written(&w.files);
             return;
         }
     }
