@@ -132,13 +132,8 @@ fn symbol_in(maps: &[maps::Mapping], file_suffix: &str, symbol: &str) -> Result<
         })?;
     let bytes = std::fs::read(&m.path).map_err(AttachError::io(m.path.display().to_string()))?;
     let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| AttachError::Other(format!("{}: {e}", m.path.display())))?;
-    let first = elf
-        .program_headers
-        .iter()
-        .filter(|p| p.p_type == goblin::elf::program_header::PT_LOAD)
-        .min_by_key(|p| p.p_offset)
+    let bias = sleds::load_bias(&elf, m.base)
         .ok_or_else(|| AttachError::Other(format!("{}: no PT_LOAD", m.path.display())))?;
-    let bias = m.base.wrapping_sub(first.p_vaddr - first.p_offset);
     elf.dynsyms
         .iter()
         .find(|s| s.st_value != 0 && elf.dynstrtab.get_at(s.st_name) == Some(symbol))
@@ -259,19 +254,17 @@ fn attach_stopped(
             std::thread::sleep(Duration::from_millis(2));
             continue;
         };
-        if tries == 0 || timings.normalised == 0 {
-            for (tid, pc) in all.pcs() {
-                if let Some(s) = sites
-                    .iter()
-                    .find(|s| pc > s.addr && pc < s.addr + 5 && s.needs_normalising())
-                {
-                    all.step_out(tid, s.addr, s.addr + 5)?;
-                }
+        for (tid, pc) in all.pcs() {
+            if let Some(s) = sites
+                .iter()
+                .find(|s| pc > s.addr && pc < s.addr + providers::patchable::SLED_LEN as u64 && s.needs_normalising())
+            {
+                all.step_out(tid, s.addr, s.addr + providers::patchable::SLED_LEN as u64)?;
             }
-            for s in sites.iter().filter(|s| s.needs_normalising()) {
-                mem.write(s.addr, &sleds::ONE_INSTRUCTION)?;
-                timings.normalised += 1;
-            }
+        }
+        for s in sites.iter().filter(|s| s.needs_normalising()) {
+            mem.write(s.addr, &providers::patchable::NORMALISED)?;
+            timings.normalised += 1;
         }
         let held = all.release_except(borrow);
         break (held, t0.elapsed());

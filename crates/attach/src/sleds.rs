@@ -7,7 +7,7 @@ use crate::mem::Mem;
 use goblin::elf::program_header::PT_LOAD;
 use goblin::elf::Elf;
 use providers::elf::SymbolTable;
-use providers::patchable::{self, NORMALISED, SLED_LEN};
+use providers::patchable::{self, SledShape, SLED_LEN};
 use providers::sections::Sections;
 
 /// One sled.
@@ -24,8 +24,20 @@ impl Site {
     /// be switched at it: gcc's five 1-byte NOPs, between which a thread
     /// may be stopped.
     pub fn needs_normalising(&self) -> bool {
-        self.original == [0x90; SLED_LEN]
+        SledShape::of(&self.original) == SledShape::OneByteNops
     }
+}
+
+/// What to add to the link-time addresses of `elf`, mapped with its file
+/// offset 0 at `base`, for their addresses in the process; `None` without
+/// a loadable segment.
+pub fn load_bias(elf: &Elf, base: u64) -> Option<u64> {
+    let first = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == PT_LOAD)
+        .min_by_key(|p| p.p_offset)?;
+    Some(base.wrapping_sub(first.p_vaddr - first.p_offset))
 }
 
 /// The sites of the ELF file `bytes` mapped with its offset 0 at `base`.
@@ -33,10 +45,9 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
     let bad = |e: &dyn std::fmt::Display| AttachError::Other(format!("ELF: {e}"));
     let elf = Elf::parse(bytes).map_err(|e| bad(&e))?;
     let loads: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).collect();
-    let Some(first) = loads.iter().min_by_key(|p| p.p_offset) else {
+    let Some(bias) = load_bias(&elf, base) else {
         return Ok(Vec::new());
     };
-    let bias = base.wrapping_sub(first.p_vaddr - first.p_offset);
     let sections = Sections::parse(bytes).map_err(|e| bad(&e))?;
     let table = patchable::table(&sections);
     if table.is_empty() {
@@ -93,9 +104,6 @@ pub fn differing(mem: &Mem, sites: &[Site]) -> Result<Vec<(u64, [u8; SLED_LEN])>
     }
     Ok(out)
 }
-
-/// The one-instruction form a gcc sled is given.
-pub const ONE_INSTRUCTION: [u8; SLED_LEN] = NORMALISED;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,7 @@
 //! `fastinst attach`: the profiler (or another tool) in a process that is
 //! already running, for a while, then detached (`fastinst-attach`).
 
+use crate::args::{Args, Item};
 use crate::error::{CliError, Result};
 use crate::{library, run};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,8 @@ docs/attach.md.
 options:
   --duration S      seconds to stay attached (default: until Ctrl-C)
   and those of `fastinst run` that configure the runtime: --tool, --out,
-  --samples, --epoch-ms, --windows, --no-cpu, --inlined, --log, --lib
+  --samples, --epoch-ms, --windows, --no-cpu, --inlined, --strategy,
+  --log, --lib (not --signal, --client or --print)
   -h, --help        this text
 ";
 
@@ -37,36 +39,45 @@ pub struct AttachArgs {
 
 /// Parses the arguments; `None` for `--help`.
 pub fn parse(argv: &[String]) -> Result<Option<AttachArgs>> {
-    let mut rest = Vec::new();
+    let mut a = Args::new("attach", argv);
+    let mut run = run::RunArgs {
+        tool: "profile".into(),
+        ..run::RunArgs::default()
+    };
     let mut duration = None;
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        let value = if a == "--duration" {
-            Some(it.next().cloned().unwrap_or_default())
-        } else {
-            a.strip_prefix("--duration=").map(str::to_string)
-        };
-        match value {
-            Some(v) => match v.parse::<f64>() {
-                Ok(s) if s > 0.0 && s.is_finite() => duration = Some(Duration::from_secs_f64(s)),
-                _ => {
-                    return Err(CliError::Usage(format!(
-                        "fastinst attach: --duration: `{v}` is not a positive number of seconds"
-                    )))
+    let mut pid = None;
+    while let Some(item) = a.next_item() {
+        match item {
+            Item::Opt("-h" | "--help", _) => return Ok(None),
+            Item::Opt(n @ "--duration", i) => {
+                let s: f64 = a.parsed(n, i, "a number of seconds")?;
+                if !(s > 0.0 && s.is_finite()) {
+                    return Err(a.usage(format!("{n}: the time must be positive")));
                 }
-            },
-            None => rest.push(a.clone()),
+                duration = Some(Duration::from_secs_f64(s));
+            }
+            Item::Opt(n @ ("--signal" | "--client" | "--print"), _) => {
+                return Err(a.usage(format!(
+                    "{n} is not for a running process (a signal handler or a client would stay after the detach)"
+                )))
+            }
+            Item::Opt(other, i) => {
+                if !run::runtime_option(&mut a, other, i, &mut run)? {
+                    return Err(a.unknown(other));
+                }
+            }
+            Item::Positional(p) if pid.is_none() => {
+                pid = Some(
+                    p.parse::<i32>()
+                        .ok()
+                        .filter(|&p| p > 0)
+                        .ok_or_else(|| a.usage(format!("`{p}` is not a process id")))?,
+                );
+            }
+            Item::Positional(_) | Item::EndOfOptions => return Err(a.usage("give one process id")),
         }
     }
-    let Some(run) = run::parse(&rest)? else { return Ok(None) };
-    let pid = match run.command.as_slice() {
-        [p] => p
-            .parse::<i32>()
-            .ok()
-            .filter(|&p| p > 0)
-            .ok_or_else(|| CliError::Usage(format!("fastinst attach: `{p}` is not a process id")))?,
-        _ => return Err(CliError::Usage("fastinst attach: give one process id".into())),
-    };
+    let pid = pid.ok_or_else(|| a.usage("give one process id"))?;
     Ok(Some(AttachArgs { pid, duration, run }))
 }
 

@@ -92,68 +92,81 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
             }
             Item::Opt("-h" | "--help", _) => return Ok(None),
             Item::Opt("--print", None) => r.print = true,
-            Item::Opt("--inlined", None) => r.env.push(("FASTINST_INLINED", "1".into())),
-            Item::Opt("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
-            Item::Opt(n @ "--windows", i) => {
-                let w: u32 = a.parsed(n, i, "a whole number")?;
-                if !(1..=64).contains(&w) {
-                    return Err(a.usage(format!("{n}: {w} is not in 1 to 64")));
+            Item::Opt(other, i) => {
+                if !runtime_option(&mut a, other, i, &mut r)? {
+                    return Err(a.unknown(other));
                 }
-                r.env.push(("FASTINST_PROFILE_WINDOWS", w.to_string()));
             }
-            Item::Opt(n @ "--tool", i) => {
-                let v = a.value(n, i)?;
-                r.tool = one_of(&a, n, v, &["profile", "count", "trace", "off", "none"])?;
-                r.env.push(("FASTINST_TOOL", r.tool.clone()));
-            }
-            Item::Opt(n @ "--out", i) => r.out = Some(a.value(n, i)?.into()),
-            Item::Opt(n @ "--samples", i) => {
-                let k: u32 = a.parsed(n, i, "a whole number")?;
-                if k < 2 {
-                    return Err(a.usage(format!("{n}: at least 2 samples are needed to estimate a rate")));
-                }
-                r.env.push(("FASTINST_PROFILE_SAMPLES", k.to_string()));
-            }
-            Item::Opt(n @ "--epoch-ms", i) => {
-                let ms: f64 = a.parsed(n, i, "a number of milliseconds")?;
-                if !(ms > 0.0 && ms.is_finite()) {
-                    return Err(a.usage(format!("{n}: the period must be positive")));
-                }
-                r.env.push(("FASTINST_PROFILE_EPOCH_MS", a_value(ms)));
-            }
-            Item::Opt(n @ "--signal", i) => {
-                let v = a.value(n, i)?;
-                let ok = matches!(v, "USR1" | "USR2" | "SIGUSR1" | "SIGUSR2")
-                    || v.parse::<i32>().is_ok_and(|s| (1..=64).contains(&s));
-                if !ok {
-                    return Err(a.usage(format!("{n}: `{v}` is not USR1, USR2 or a signal number")));
-                }
-                r.env
-                    .push(("FASTINST_PROFILE_SIGNAL", v.trim_start_matches("SIG").to_string()));
-            }
-            Item::Opt(n @ "--strategy", i) => {
-                let v = a.value(n, i)?;
-                let s = one_of(&a, n, v, &["flip", "paper", "word-sync", "word-async"])?;
-                r.env.push(("FASTINST_STRATEGY", s));
-            }
-            Item::Opt(n @ "--client", i) => {
-                let v = a.value(n, i)?;
-                let p = Path::new(v).canonicalize().map_err(CliError::io(v))?;
-                r.env.push(("FASTINST_CLIENT", p.display().to_string()));
-            }
-            Item::Opt(n @ "--log", i) => {
-                let v = a.value(n, i)?;
-                let l = one_of(&a, n, v, &["error", "warn", "info", "debug"])?;
-                r.env.push(("FASTINST_LOG", l));
-            }
-            Item::Opt(n @ "--lib", i) => r.lib = Some(a.value(n, i)?.into()),
-            Item::Opt(other, _) => return Err(a.unknown(other)),
         }
     }
     if r.command.is_empty() {
         return Err(a.usage("no program to run (fastinst run [options] -- PROGRAM [ARGS...])"));
     }
     Ok(Some(r))
+}
+
+/// One option that configures the runtime (`fastinst run`'s and
+/// `fastinst attach`'s), into `r`; false if `name` is not one.
+pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a str>, r: &mut RunArgs) -> Result<bool> {
+    match (name, i) {
+        ("--inlined", None) => r.env.push(("FASTINST_INLINED", "1".into())),
+        ("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
+        (n @ "--windows", i) => {
+            let w: u32 = a.parsed(n, i, "a whole number")?;
+            if !(1..=64).contains(&w) {
+                return Err(a.usage(format!("{n}: {w} is not in 1 to 64")));
+            }
+            r.env.push(("FASTINST_PROFILE_WINDOWS", w.to_string()));
+        }
+        (n @ "--tool", i) => {
+            let v = a.value(n, i)?;
+            r.tool = one_of(a, n, v, &["profile", "count", "trace", "off", "none"])?;
+            r.env.push(("FASTINST_TOOL", r.tool.clone()));
+        }
+        (n @ "--out", i) => r.out = Some(a.value(n, i)?.into()),
+        (n @ "--samples", i) => {
+            let k: u32 = a.parsed(n, i, "a whole number")?;
+            if k < 2 {
+                return Err(a.usage(format!("{n}: at least 2 samples are needed to estimate a rate")));
+            }
+            r.env.push(("FASTINST_PROFILE_SAMPLES", k.to_string()));
+        }
+        (n @ "--epoch-ms", i) => {
+            let ms: f64 = a.parsed(n, i, "a number of milliseconds")?;
+            if !(ms > 0.0 && ms.is_finite()) {
+                return Err(a.usage(format!("{n}: the period must be positive")));
+            }
+            r.env.push(("FASTINST_PROFILE_EPOCH_MS", a_value(ms)));
+        }
+        (n @ "--signal", i) => {
+            let v = a.value(n, i)?;
+            let ok = matches!(v, "USR1" | "USR2" | "SIGUSR1" | "SIGUSR2")
+                || v.parse::<i32>().is_ok_and(|s| (1..=64).contains(&s));
+            if !ok {
+                return Err(a.usage(format!("{n}: `{v}` is not USR1, USR2 or a signal number")));
+            }
+            r.env
+                .push(("FASTINST_PROFILE_SIGNAL", v.trim_start_matches("SIG").to_string()));
+        }
+        (n @ "--strategy", i) => {
+            let v = a.value(n, i)?;
+            let s = one_of(a, n, v, &["flip", "paper", "word-sync", "word-async"])?;
+            r.env.push(("FASTINST_STRATEGY", s));
+        }
+        (n @ "--client", i) => {
+            let v = a.value(n, i)?;
+            let p = Path::new(v).canonicalize().map_err(CliError::io(v))?;
+            r.env.push(("FASTINST_CLIENT", p.display().to_string()));
+        }
+        (n @ "--log", i) => {
+            let v = a.value(n, i)?;
+            let l = one_of(a, n, v, &["error", "warn", "info", "debug"])?;
+            r.env.push(("FASTINST_LOG", l));
+        }
+        (n @ "--lib", i) => r.lib = Some(a.value(n, i)?.into()),
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// A number as the library reads it (no exponent).

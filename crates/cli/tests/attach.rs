@@ -4,29 +4,12 @@
 //! every sled's bytes in the process equal its file's while the program
 //! runs on. Every refusal leaves the target untouched and says why.
 
+mod common;
+use common::{fastinst, scratch, text};
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-const LIMIT: Duration = Duration::from_secs(120);
-
-fn fastinst(args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst"));
-    c.args(args).env_remove("FASTINST_LIB");
-    testkit::output_within(c, LIMIT, &format!("fastinst {}", args.join(" ")))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fastinst-attach-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// `tests/c/tree.c` of the preload crate built with `cc flags`.
 fn build(cc: &str, flags: &[&str], out: &Path) {
@@ -63,7 +46,7 @@ fn maps_have_runtime(pid: u32) -> bool {
 }
 
 fn attach_profile_detach(cc: &str) {
-    let dir = scratch(cc);
+    let dir = scratch(&format!("attach-{cc}"));
     let (plain, inst) = (dir.join("plain"), dir.join("inst"));
     build(cc, &[], &plain);
     build(cc, &["-fpatchable-function-entry=5"], &inst);
@@ -74,14 +57,17 @@ fn attach_profile_detach(cc: &str) {
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
     let out = dir.join("out");
-    let o = fastinst(&[
-        "attach",
-        "--duration",
-        "0.7",
-        "--out",
-        out.to_str().unwrap(),
-        &pid.to_string(),
-    ]);
+    let o = fastinst(
+        &[
+            "attach",
+            "--duration",
+            "0.7",
+            "--out",
+            out.to_str().unwrap(),
+            &pid.to_string(),
+        ],
+        &dir,
+    );
     let err = text(&o.stderr);
     println!("{err}");
     assert!(o.status.success(), "{err}");
@@ -125,13 +111,14 @@ fn clang_sled_build_is_attached_profiled_and_left_as_it_was() {
 #[test]
 fn refusals_name_their_reason_and_leave_the_target_untouched() {
     // No such process.
-    let o = fastinst(&["attach", "--duration", "1", "4194311"]);
+    let tmp = std::env::temp_dir();
+    let o = fastinst(&["attach", "--duration", "1", "4194311"], &tmp);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("no process 4194311"), "{}", text(&o.stderr));
     // Nothing to probe: `sleep` has no sleds.
     let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let o = fastinst(&["attach", "--duration", "1", &sleep.id().to_string()]);
+    let o = fastinst(&["attach", "--duration", "1", &sleep.id().to_string()], &tmp);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("has no probe sites"), "{}", text(&o.stderr));
     assert!(!maps_have_runtime(sleep.id()), "the library was loaded anyway");
@@ -139,24 +126,35 @@ fn refusals_name_their_reason_and_leave_the_target_untouched() {
     let _ = sleep.kill();
     let _ = sleep.wait();
     // Not a number.
-    let o = fastinst(&["attach", "x"]);
+    let o = fastinst(&["attach", "x"], &tmp);
     assert_eq!(o.status.code(), Some(2));
+    // A handler left in the process after the detach: refused.
+    let o = fastinst(&["attach", "--signal", "USR1", "1"], &tmp);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("not for a running process"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 /// A process attached and detached once keeps the runtime loaded; a
 /// second attach is refused, with the reason, and the process runs on.
 #[test]
 fn a_second_attach_is_refused_and_harmless() {
-    let dir = scratch("twice");
+    let dir = scratch("attach-twice");
     let inst = dir.join("inst");
     build("gcc", &["-fpatchable-function-entry=5"], &inst);
     let child = spawn(&inst, &["2", "30000"]);
     let pid = child.id().to_string();
     std::thread::sleep(Duration::from_millis(200));
     let out = dir.join("out");
-    let o = fastinst(&["attach", "--duration", "0.3", "--out", out.to_str().unwrap(), &pid]);
+    let o = fastinst(
+        &["attach", "--duration", "0.3", "--out", out.to_str().unwrap(), &pid],
+        &dir,
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let again = fastinst(&["attach", "--duration", "0.3", &pid]);
+    let again = fastinst(&["attach", "--duration", "0.3", &pid], &dir);
     assert_eq!(again.status.code(), Some(1));
     assert!(
         text(&again.stderr).contains("has the fastinst runtime already"),

@@ -31,10 +31,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-
-static STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Why an attached start failed: also `fastinst_attach_start`'s status
 /// ([`AttachError::code`]).
@@ -112,7 +109,7 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
         .find(|(k, _)| k == "FASTINST_CONTROL")
         .map(|(_, v)| PathBuf::from(v))
         .ok_or(AttachError::NoControl)?;
-    if STARTED.swap(true, Ordering::AcqRel) || !crate::env::set_overlay(vars) {
+    if crate::process::started() || !crate::env::set_overlay(vars) {
         return Err(AttachError::AlreadyStarted);
     }
     let _ = std::fs::remove_file(&control);
@@ -176,10 +173,8 @@ fn serve(listener: UnixListener, path: PathBuf) {
 /// sampler thread ends, and every probe goes off (a sled back to its
 /// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
 fn detach() -> Result<(), String> {
-    let sampler_ended = crate::profile::stop_for_detach(Duration::from_secs(2));
-    if crate::process::tool() != Tool::Profile {
-        crate::process::finish();
-    }
+    crate::process::finish();
+    let sampler_ended = crate::profile::sampler_ended_within(Duration::from_secs(2));
     let mut failed = 0;
     for p in crate::registry::iter() {
         if crate::deactivate(p.meta.id).is_err() {

@@ -11,12 +11,35 @@
 //! correct that; it says when the condition holds.
 
 use std::fs;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The share (percent) of their runnable time that the threads alive now
-/// waited on a run queue; `None` if no thread's statistics could be read
-/// (a kernel without `CONFIG_SCHEDSTATS`' per-task file, or no `/proc`).
+/// On-CPU and run-queue nanoseconds of the threads that have exited (a
+/// thread's statistics go with it).
+static EXITED_RUN: AtomicU64 = AtomicU64::new(0);
+static EXITED_WAIT: AtomicU64 = AtomicU64::new(0);
+
+/// Keeps the calling thread's statistics, which its exit takes away: called
+/// as it exits (the profiler's thread destructor).
+pub(crate) fn thread_exiting() {
+    if let Some((_, w)) = fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|t| parse(&t))
+    {
+        // The running thread's own on-CPU figure lags its current slice
+        // (the kernel folds it in at a tick or a switch); its CPU clock
+        // does not. No wait accrues while it runs, so that figure is whole.
+        EXITED_RUN.fetch_add(crate::rawthread::thread_cpu_ns(), Ordering::Relaxed);
+        EXITED_WAIT.fetch_add(w, Ordering::Relaxed);
+    }
+}
+
+/// The share (percent) of their runnable time that the program's threads
+/// waited on a run queue: those alive now, and those that exited through
+/// [`thread_exiting`]; `None` if no thread's statistics could be read (a
+/// kernel without `CONFIG_SCHEDSTATS`' per-task file, or no `/proc`).
 pub(crate) fn wait_share() -> Option<f64> {
-    let (mut run, mut wait) = (0u128, 0u128);
+    let mut run = u128::from(EXITED_RUN.load(Ordering::Relaxed));
+    let mut wait = u128::from(EXITED_WAIT.load(Ordering::Relaxed));
     for e in fs::read_dir("/proc/self/task").ok()?.flatten() {
         let Ok(text) = fs::read_to_string(e.path().join("schedstat")) else {
             continue;
@@ -47,10 +70,22 @@ mod tests {
     }
 
     /// This process's threads have run, so a share is read, and it is a
-    /// percentage.
+    /// percentage; a thread that exits leaves its time counted.
     #[test]
-    fn the_running_process_has_a_share() {
+    fn the_running_process_has_a_share_and_exited_threads_count() {
         let w = wait_share().expect("schedstat is readable here");
         assert!((0.0..=100.0).contains(&w), "{w}");
+        let before = EXITED_RUN.load(Ordering::Relaxed);
+        std::thread::spawn(|| {
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_millis(5) {}
+            thread_exiting();
+        })
+        .join()
+        .unwrap();
+        assert!(
+            EXITED_RUN.load(Ordering::Relaxed) >= before + 4_000_000,
+            "5 ms of CPU kept"
+        );
     }
 }

@@ -134,6 +134,12 @@ fn load_client(path: &str) {
     }
 }
 
+/// Whether the runtime was started in this process ([`start_from_env`]
+/// ran: preloaded, or attached).
+pub(crate) fn started() -> bool {
+    OUT.get().is_some()
+}
+
 /// The tool this process runs.
 pub(crate) fn tool() -> Tool {
     match TOOL.load(Ordering::Relaxed) {
@@ -168,19 +174,18 @@ pub fn finish() {
             s.sled_load_ticks,
             s.discovery_ticks
         ));
-        if TOOL.load(Ordering::Relaxed) == Tool::Profile as u8 {
-            crate::profile::write_reports(false);
-        }
-        if TOOL.load(Ordering::Relaxed) == Tool::Trace as u8 {
-            crate::trace::write_reports();
-        }
-        if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
-            let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
-            match tools::write_counts(&dir) {
-                Ok(Some(p)) => eprintln!("fastinst: call counts written to {}", p.display()),
-                Ok(None) => {}
-                Err(e) => log::error(format_args!("cannot write call counts to {}: {e}", dir.display())),
+        match tool() {
+            Tool::Profile => crate::profile::write_reports(false),
+            Tool::Trace => crate::trace::write_reports(),
+            Tool::Count => {
+                let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
+                match tools::write_counts(&dir) {
+                    Ok(Some(p)) => eprintln!("fastinst: call counts written to {}", p.display()),
+                    Ok(None) => {}
+                    Err(e) => log::error(format_args!("cannot write call counts to {}: {e}", dir.display())),
+                }
             }
+            Tool::Off | Tool::None => {}
         }
     });
 }
@@ -218,11 +223,10 @@ pub fn fork_child() {
     fork_release();
     crate::profile::fork_child();
     crate::sled::watch_after_fork();
-    if TOOL.load(Ordering::Relaxed) == Tool::Count as u8 {
-        tools::reset_counts();
-    }
-    if TOOL.load(Ordering::Relaxed) == Tool::Trace as u8 {
-        crate::trace::fork_child();
+    match tool() {
+        Tool::Count => tools::reset_counts(),
+        Tool::Trace => crate::trace::fork_child(),
+        _ => {}
     }
 }
 

@@ -80,6 +80,20 @@ pub enum SledShape {
     Normalised,
 }
 
+impl SledShape {
+    /// The shape of a sled's first [`SLED_LEN`] bytes (whether they are
+    /// NOPs at all is [`sled_at`]'s to check).
+    pub fn of(bytes: &[u8; SLED_LEN]) -> SledShape {
+        if *bytes == NORMALISED {
+            SledShape::Normalised
+        } else if *bytes == [0x90; SLED_LEN] {
+            SledShape::OneByteNops
+        } else {
+            SledShape::Nops
+        }
+    }
+}
+
 /// A usable sled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sled {
@@ -170,13 +184,7 @@ pub fn sled_at<M: Memory + ?Sized>(mem: &M, recorded: u64, entry: u64) -> Result
     if !mem.read(entry, &mut found) {
         return Err(SledError::Unreadable);
     }
-    let shape = if found == NORMALISED {
-        SledShape::Normalised
-    } else if found == [0x90; SLED_LEN] {
-        SledShape::OneByteNops
-    } else {
-        SledShape::Nops
-    };
+    let shape = SledShape::of(&found);
     let mut ip = if KNOWN.contains(&found) {
         entry + SLED_LEN as u64
     } else {

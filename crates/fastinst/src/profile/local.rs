@@ -30,6 +30,7 @@ impl Drop for Local {
             super::frames::close_open_frames(p, &self.0, sh);
         }
         self.0.exited.store(true, Ordering::Relaxed);
+        crate::contention::thread_exiting();
         super::exposure::end_thread(&self.0);
         self.0.died.store(wordpatch::tsc::now(), Ordering::Release);
     }

@@ -216,12 +216,11 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     Ok(())
 }
 
-/// Stops the profiler for a detach ([`crate::attach`]): writes the
-/// reports as at exit and waits up to `wait` for the sampler thread to
-/// leave its loop; false if it did not.
-pub(crate) fn stop_for_detach(wait: std::time::Duration) -> bool {
+/// Waits up to `wait` for the sampler thread to leave its loop, once the
+/// reports were written ([`write_reports`] stops it); true at once
+/// without a profiler. For a detach ([`crate::attach`]).
+pub(crate) fn sampler_ended_within(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
-    write_reports(false);
     let until = Instant::now() + wait;
     while !p.sampler_done.load(Ordering::Acquire) {
         if Instant::now() > until {

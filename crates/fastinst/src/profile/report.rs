@@ -235,7 +235,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             };
             let (sd, exact) = spread.get(&fi).copied().unwrap_or((0.0, false));
             let calls = est.get(&fi).copied().unwrap_or(0.0);
-            let total_sd = if capped { 0.0 } else { ms(total_spread(a, calls, sd)) };
+            let total_sd = ms(total_spread(a, calls, sd));
             let pct = |q: f64| {
                 if a.n == 0 {
                     0.0
