@@ -79,6 +79,13 @@ fn attach_profile_detach(cc: &str) {
     let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
     let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
     assert!(wrong.is_empty(), "sites differ from the file after detach: {wrong:x?}");
+    // Nothing of the profiler keeps firing: its CPU sample events closed.
+    let events = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("perf_event")))
+        .count();
+    assert_eq!(events, 0, "perf events left open after the detach");
     let (got, rc) = finish(child);
     assert_eq!(got, want, "the program's output changed");
     assert_eq!(rc, want_rc);
@@ -93,6 +100,8 @@ fn attach_profile_detach(cc: &str) {
     for f in ["step", "leaf"] {
         assert!(names.contains(&f), "{f} not in the attached profile: {names:?}");
     }
+    let cpu = r["cpu"]["samples"].as_u64().unwrap_or(0);
+    assert!(cpu > 0, "no CPU samples in the attached run");
     let wall = r["wall_ms"].as_f64().unwrap();
     assert!((500.0..5_000.0).contains(&wall), "profiled {wall} ms of a 0.7 s attach");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -174,7 +174,7 @@ fn serve(listener: UnixListener, path: PathBuf) {
 /// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
 fn detach() -> Result<(), String> {
     crate::process::finish();
-    let sampler_ended = crate::profile::sampler_ended_within(Duration::from_secs(2));
+    let sampler_ended = crate::profile::end_for_detach(Duration::from_secs(2));
     let mut failed = 0;
     for p in crate::registry::iter() {
         if crate::deactivate(p.meta.id).is_err() {

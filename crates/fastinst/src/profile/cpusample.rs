@@ -30,7 +30,7 @@
 //! program that handles the signal itself (`gprof`'s runtime handles
 //! `SIGPROF`) keeps its handler, and the report has no CPU samples.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 /// Marks a sample taken while a hook's handler ran (user addresses are
 /// below 2^47).
@@ -82,6 +82,40 @@ pub fn interval_us() -> f64 {
 static BUF: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0);
 static ON: AtomicBool = AtomicBool::new(false);
+
+/// Threads whose event descriptors are kept, to be closed at a detach
+/// (past it, a thread's event stays open for its life, as it always does
+/// at exit).
+const KEPT_EVENTS: usize = 4096;
+/// The threads' event descriptors (0: free slot), and how many slots were
+/// taken. A fixed array: a thread opens its event in its first hook,
+/// which must not allocate.
+static EVENTS: [AtomicI32; KEPT_EVENTS] = [const { AtomicI32::new(0) }; KEPT_EVENTS];
+static EVENTS_TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Keeps descriptor `fd` for [`close_events`].
+fn keep_event(fd: i32) {
+    let i = EVENTS_TAKEN.fetch_add(1, Ordering::Relaxed);
+    if let Some(slot) = EVENTS.get(i) {
+        slot.store(fd, Ordering::Release);
+    }
+}
+
+/// Stops sampling for good and closes every thread's event (a detach:
+/// nothing of the profiler may keep firing in the process). Events of
+/// threads past [`KEPT_EVENTS`] stay open, disabled by [`stop`]'s flag.
+pub(crate) fn close_events() {
+    stop();
+    let n = EVENTS_TAKEN.load(Ordering::Acquire).min(KEPT_EVENTS);
+    for slot in &EVENTS[..n] {
+        let fd = slot.swap(0, Ordering::AcqRel);
+        if fd > 0 {
+            // SAFETY: `fd` is an event descriptor this module opened and
+            // nothing else holds or closes.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
 
 /// Starts sampling (once per process; again in a forked child, whose
 /// timers were reset). Whether the samples are being taken.
@@ -198,6 +232,8 @@ fn open_event() -> bool {
     };
     if fd < 0 {
         OPENED.with(|o| o.set(false));
+    } else {
+        keep_event(fd as i32);
     }
     fd >= 0
 }

@@ -216,11 +216,13 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     Ok(())
 }
 
-/// Waits up to `wait` for the sampler thread to leave its loop, once the
-/// reports were written ([`write_reports`] stops it); true at once
-/// without a profiler. For a detach ([`crate::attach`]).
-pub(crate) fn sampler_ended_within(wait: std::time::Duration) -> bool {
+/// For a detach ([`crate::attach`]), once the reports were written
+/// ([`write_reports`] stops the sampler): closes the threads' CPU sample
+/// events and waits up to `wait` for the sampler thread to leave its
+/// loop; true at once without a profiler.
+pub(crate) fn end_for_detach(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
+    cpusample::close_events();
     let until = Instant::now() + wait;
     while !p.sampler_done.load(Ordering::Acquire) {
         if Instant::now() > until {
