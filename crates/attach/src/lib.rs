@@ -40,7 +40,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 use sleds::Site;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -149,12 +149,21 @@ fn symbol_in(maps: &[maps::Mapping], file_suffix: &str, symbol: &str) -> Result<
 /// the directory made (mode 0700, owned by `uid`) if needed.
 fn paths(uid: u32, pid: i32) -> Result<(PathBuf, PathBuf)> {
     let dir = PathBuf::from(format!("/tmp/fastinst-{uid}"));
+    let what = dir.display().to_string();
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
-            .map_err(AttachError::io(dir.display().to_string()))?;
-        std::os::unix::fs::chown(&dir, Some(uid), None).map_err(AttachError::io(dir.display().to_string()))?;
+            .map_err(AttachError::io(what.clone()))?;
+        std::os::unix::fs::chown(&dir, Some(uid), None).map_err(AttachError::io(what.clone()))?;
+    }
+    // Another user's directory there could read the settings or stand a
+    // socket of its own in: only the owner's, closed to others, is used.
+    let meta = std::fs::symlink_metadata(&dir).map_err(AttachError::io(what.clone()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(AttachError::Other(format!(
+            "{what} is not a directory of user {uid} closed to others (mode 0700); remove it and try again"
+        )));
     }
     Ok((dir.join(format!("attach-{pid}.conf")), dir.join(format!("{pid}.sock"))))
 }
@@ -205,7 +214,14 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     std::fs::write(&config, text).map_err(AttachError::io(config.display().to_string()))?;
     let _ = std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600));
     let _ = std::os::unix::fs::chown(&config, Some(owner), None);
-    let r = attach_stopped(pid, opts, &maps, &sites, dlopen, dlerror, &config, began);
+    let plan = Plan {
+        maps: &maps,
+        sites: &sites,
+        dlopen,
+        dlerror,
+        config: &config,
+    };
+    let r = attach_stopped(pid, opts, &plan, began);
     let _ = std::fs::remove_file(&config);
     let timings = r?;
     Ok(Session {
@@ -217,17 +233,25 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attach_stopped(
-    pid: i32,
-    opts: &Options,
-    maps: &[maps::Mapping],
-    sites: &[Site],
+/// What the checks found, for the part of the attach that stops threads.
+struct Plan<'a> {
+    maps: &'a [maps::Mapping],
+    sites: &'a [Site],
+    /// `dlopen` and `dlerror` in the process.
     dlopen: u64,
     dlerror: u64,
-    config: &Path,
-    began: Instant,
-) -> Result<Timings> {
+    /// The settings file.
+    config: &'a Path,
+}
+
+fn attach_stopped(pid: i32, opts: &Options, plan: &Plan, began: Instant) -> Result<Timings> {
+    let Plan {
+        maps,
+        sites,
+        dlopen,
+        dlerror,
+        config,
+    } = *plan;
     let mem = Mem::open(pid)?;
     let mut timings = Timings {
         sites: sites.len(),

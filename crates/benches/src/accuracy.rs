@@ -21,6 +21,10 @@
 //! - self share within ±2 points of perf's, for every function above 2%;
 //! - inclusive time of `main` within ±5% of the probes-off run, and of thread
 //!   bodies within ±5% of the trace's;
+//! - the inclusive time of each function whose calls are checked within
+//!   three of its stated standard deviations of the trace's: whether the
+//!   report's `+-` covers its error (no fixed target: the traced run
+//!   differs from the profiled one by the trace's own cost);
 //! - p50 and p99 within ±10% of the trace's, for functions whose traced
 //!   p50 is at least 1 µs.
 
@@ -65,6 +69,10 @@ pub struct Config {
     pub shares: Vec<ShareCheck>,
     /// Inclusive times of the top-level functions.
     pub inclusive: Vec<InclusiveCheck>,
+    /// Inclusive times of the most-called functions, with their stated
+    /// spread, against the trace's.
+    #[serde(default)]
+    pub totals: Vec<TotalCheck>,
     /// Percentiles of functions of at least 1 µs.
     pub percentiles: Vec<PercentileCheck>,
     /// Wall time (s): plain build, instrumented with the profiler (mean).
@@ -112,6 +120,18 @@ pub struct InclusiveCheck {
     pub reference: String,
     /// The profile's inclusive time, per run (ms).
     pub profile_ms: Vec<f64>,
+}
+
+/// One function's inclusive time and its stated standard deviation.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TotalCheck {
+    /// Function.
+    pub name: String,
+    /// The trace's inclusive time (ms): every call timed.
+    pub trace_ms: f64,
+    /// The profile's inclusive time and its standard deviation (ms), per
+    /// run.
+    pub profile: Vec<(f64, f64)>,
 }
 
 /// One function's percentiles.
@@ -168,6 +188,17 @@ impl Config {
                 .iter()
                 .map(move |&x| ratio_ok(x, i.reference_ms, INCLUSIVE_TOLERANCE))
         }))
+    }
+
+    /// Inclusive times whose distance from the trace's is within three of
+    /// their stated standard deviations: whether the stated spread covers
+    /// the error (the runs differ too: the trace's own cost moves it).
+    pub fn totals_tally(&self) -> Tally {
+        tally(
+            self.totals
+                .iter()
+                .flat_map(|t| t.profile.iter().map(move |&(x, sd)| (x - t.trace_ms).abs() <= 3.0 * sd)),
+        )
     }
 
     /// p50s and p99s within target (each counted).
@@ -319,6 +350,8 @@ pub fn compare(
                     g.calls_estimated += f.calls_estimated;
                     g.calls_sd = g.calls_sd.hypot(f.calls_sd);
                     g.calls_exact &= f.calls_exact;
+                    g.total_ms += f.total_ms;
+                    g.total_sd = g.total_sd.hypot(f.total_sd);
                     g.cpu_samples += f.cpu_samples;
                     g.self_share = match (g.self_share, f.self_share) {
                         (Some(a), Some(b)) => Some(a + b),
@@ -416,6 +449,21 @@ pub fn compare(
         });
     }
 
+    let totals: Vec<TotalCheck> = calls
+        .iter()
+        .filter_map(|c| {
+            let t = trace_rows.get(&c.name)?;
+            Some(TotalCheck {
+                name: c.name.clone(),
+                trace_ms: t.total_ms,
+                profile: runs
+                    .iter()
+                    .map(|r| r.get(&c.name).map_or((0.0, 0.0), |f| (f.total_ms, f.total_sd)))
+                    .collect(),
+            })
+        })
+        .collect();
+
     let mut percentiles: Vec<PercentileCheck> = trace
         .functions
         .iter()
@@ -442,6 +490,7 @@ pub fn compare(
         calls,
         shares,
         inclusive,
+        totals,
         percentiles,
         plain_s,
         off_s,
@@ -559,11 +608,11 @@ pub fn parse_perf_report(text: &str) -> BTreeMap<String, f64> {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | p50/p99 ±10% | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | totals in 3 sd | p50/p99 ±10% | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
@@ -571,6 +620,7 @@ pub fn render_markdown(configs: &[Config], header: &str) -> String {
             c.shares_tally(),
             c.worst_share_pp(),
             c.inclusive_tally(),
+            c.totals_tally(),
             c.percentiles_tally(),
             c.plain_s,
             c.off_s,
@@ -622,6 +672,11 @@ pub fn render_detail(c: &Config) -> String {
             k.reference
         ));
     }
+    s.push_str("\ntotals (ms; profile +- sd, each run, vs trace):\n\n");
+    for k in &c.totals {
+        let v: Vec<String> = k.profile.iter().map(|(x, sd)| format!("{x:.1} +- {sd:.1}")).collect();
+        s.push_str(&format!("- {}: {} vs {:.1}\n", k.name, v.join(", "), k.trace_ms));
+    }
     s.push_str("\npercentiles (us; profile p50/p99 vs trace):\n\n");
     for k in &c.percentiles {
         let v: Vec<String> = k.profile.iter().map(|(a, b)| format!("{a:.2}/{b:.2}")).collect();
@@ -659,8 +714,15 @@ mod tests {
                 estimated: vec![90.0, 120.0],
                 sd: vec![0.0, 0.0],
             }],
+            totals: vec![TotalCheck {
+                name: "f".into(),
+                trace_ms: 100.0,
+                // Within 3 sd; 3.5 sd off; exactly 3 sd off.
+                profile: vec![(110.0, 5.0), (65.0, 10.0), (70.0, 10.0)],
+            }],
             ..Config::default()
         };
         assert_eq!(c.calls_tally(), Tally { ok: 1, of: 2 });
+        assert_eq!(c.totals_tally(), Tally { ok: 2, of: 3 });
     }
 }

@@ -392,7 +392,8 @@ pub struct FunctionRow {
     pub total_ms: f64,
     /// `total_ms`'s standard deviation: the call estimate's spread and
     /// the timed calls' mean's (their durations' spread over the square
-    /// root of their number) together; 0 when every call was timed.
+    /// root of their number) together; 0 when every call was timed; at
+    /// most the total when it was capped.
     #[serde(default)]
     pub total_sd: f64,
     /// Activations of this function were sampled inside others of it:

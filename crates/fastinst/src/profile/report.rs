@@ -235,7 +235,11 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             };
             let (sd, exact) = spread.get(&fi).copied().unwrap_or((0.0, false));
             let calls = est.get(&fi).copied().unwrap_or(0.0);
-            let total_sd = ms(total_spread(a, calls, sd));
+            // A capped total is as uncertain as all of it, and no more:
+            // the uncapped estimate's spread (millions of ms for a
+            // recursive interpreter loop) says nothing of the cap.
+            let spread = ms(total_spread(a, calls, sd));
+            let total_sd = if capped { spread.min(total) } else { spread };
             let pct = |q: f64| {
                 if a.n == 0 {
                     0.0
