@@ -69,15 +69,9 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
 pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
     let id = crate::sled::shadow::CALIBRATION_ID;
     let (on, off) = crate::sled::trampoline::calibration_functions(id.get())?;
-    let mut v: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let (base, _, _) = call_loop(off, n);
-            let (wall, ticks, hooks) = call_loop(on, n);
-            (wall as f64 - base as f64 - ticks as f64) / hooks.max(1) as f64
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
+    Some(median_unseen(rounds, |hooked| {
+        call_loop(if hooked { on } else { off }, n)
+    }))
 }
 
 /// Ticks a `-finstrument-functions` hook costs beyond its own stamps:
@@ -85,10 +79,18 @@ pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
 /// of the two TSC reads that fall outside what they stamp. The median
 /// of `rounds` rounds of `n` calls each.
 pub fn fi_unseen(rounds: usize, n: u64) -> f64 {
-    let mut v: Vec<f64> = (0..rounds)
+    median_unseen(rounds, |hooked| fi_loop(n, hooked))
+}
+
+/// The median over `rounds` of what a hook costs beyond its stamps: a
+/// loop's wall ticks with hooks (`run(true)`: wall, stamped ticks, hooks)
+/// less the same loop's without (`run(false)`) and less the stamped
+/// ticks, per hook.
+fn median_unseen(rounds: usize, mut run: impl FnMut(bool) -> (u64, u64, u64)) -> f64 {
+    let mut v: Vec<f64> = (0..rounds.max(1))
         .map(|_| {
-            let (base, _, _) = fi_loop(n, false);
-            let (wall, ticks, hooks) = fi_loop(n, true);
+            let (base, _, _) = run(false);
+            let (wall, ticks, hooks) = run(true);
             (wall as f64 - base as f64 - ticks as f64) / hooks.max(1) as f64
         })
         .collect();
