@@ -94,8 +94,8 @@ fn the_profiler_reads_the_demo_and_lua_within_bounds() {
         let p50s: Vec<bool> = c
             .percentiles
             .iter()
-            // A p50 from the first calls of each timing epoch varies from
-            // run to run: the three runs' mean.
+            // A p50 from a few timed calls an epoch varies from run to
+            // run: the three runs' mean.
             .map(|p| {
                 ratio_within(
                     p.profile.iter().map(|x| x.0).sum::<f64>() / p.profile.len() as f64,

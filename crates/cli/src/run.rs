@@ -24,12 +24,12 @@ options:
                     and percentiles, for short runs), off (every probe
                     off: the floor of the build), none
   --out DIR         directory for the reports (created; default: .)
-  --samples K       profiler: calls timed per function per timing epoch
-                    (default 10)
+  --samples K       profiler: calls timed per function per epoch, drawn
+                    at random among its counted calls (default 10)
   --epoch-ms MS     profiler: epoch length (default 10)
   --windows N       profiler: counting windows per busy function per
-                    counting epoch, 1 to 64 (default 2): more, tighter
-                    call estimates at more cost
+                    epoch, 1 to 64 (default 2): more, tighter call
+                    estimates at more cost
   --no-cpu          profiler: no CPU samples (self time from call times)
   --inlined         every tool: also count, time and sample the copies of
                     functions that gcc's -finstrument-functions left

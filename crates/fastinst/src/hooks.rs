@@ -248,7 +248,7 @@ fn fire_inner(id: ProbeId, call_site: u64, stack: u64, cfa: u64, started: u64) {
 ///   whatever state the tail site is in. Before this test, a copy's exit
 ///   ran the tail probe's handler for as long as that probe stayed on:
 ///   with inlined copies off (their entries never counted), a function
-///   whose own code is seldom called never fills its quota, its tail exit
+///   whose own code is seldom called stays counted whole, its tail exit
 ///   stays on for good, and on QuickJS's gcc build the exits of three
 ///   helpers' inlined copies (`JS_FreeValue`, `js_free_rt`, `set_value`)
 ///   ran the hook and an exit handler that matched nothing 320,000 times a

@@ -127,7 +127,7 @@ fn set_sled_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
 /// exit probe.
 ///
 /// The latency profiler's exit probes are its consumers: once a function's
-/// sample quota is filled its entry probe goes off, and until then the
+/// window closes its entry probe goes off, and until then the
 /// exit probe had to keep the code on for its sampled calls still in
 /// flight, so every further call of the function went through both
 /// trampolines and the exit handler only to be dropped as unmatched

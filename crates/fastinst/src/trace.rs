@@ -480,7 +480,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
                 self_ms: ms(a.self_ticks as f64),
                 cpu_samples: 0,
                 self_share: None,
-                mean_us: us(a.hist.iter().map(|(m, c)| m * f64::from(c)).sum::<f64>() / a.timed.max(1) as f64),
+                mean_us: us(a.hist.iter().map(|(m, c)| m * c as f64).sum::<f64>() / a.timed.max(1) as f64),
                 min_us: us(a.min as f64),
                 p50_us: q(0.5),
                 p90_us: q(0.9),
@@ -525,6 +525,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             inlined: t.inlined,
             windows: 0,
             cpu_samples: false,
+            drawn: false,
         },
         overhead: Overhead {
             probes: registry::count(),

@@ -37,8 +37,8 @@ fn the_profilers_handlers_allocate_nothing() {
         }
     });
     let (hooks, periods) = (clock.hooks() - hooks0, fastinst::clock::period().0 - period0);
-    // The handlers ran: timing epochs clock their hooks, and the epochs
-    // turned over, timing and counting, while the loop ran.
+    // The handlers ran: every hook clocks itself, and the epochs turned
+    // over, their windows counting and timing, while the loop ran.
     assert!(hooks > 0, "no clocked hook in {calls} calls");
     assert!(periods >= 4, "{periods} epochs in the counted stretch");
     assert_eq!(

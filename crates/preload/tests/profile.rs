@@ -301,16 +301,14 @@ fn four_threads(flag: &str) {
     let _ = t;
 }
 
-/// `tests/c/rearm.c` with 50 us epochs: windows fill at every phase of
-/// the sampler's epoch, on four threads at once, and none may leave its
-/// function's probes off for good. A handler that switches its probe off
-/// because its window's quota filled races the sampler reopening that
-/// window. Before the handlers handed a function to the sampler only after
-/// the switch, and switched back on a probe whose window had reopened under
-/// them, 7 or 8 of `f0..f7` lost their entry probe in every run (their
-/// calls no longer counted; 26 to 30 of 32 functions in a variant), and
-/// even one-threaded QuickJS and SQLite lost 1 to 3 functions per run at
-/// these epochs.
+/// `tests/c/rearm.c` with 50 us epochs: windows open and close at every
+/// phase of the program's calls, on four threads at once, and none may
+/// leave its function's probes off for good. (When timing filled a quota
+/// per epoch, a handler that switched its probe off at the quota raced the
+/// sampler reopening that window: before that race was closed, 7 or 8 of
+/// `f0..f7` lost their entry probe in every run, and even one-threaded
+/// QuickJS and SQLite lost 1 to 3 functions per run at these epochs.
+/// Handlers now switch only exit probes off, against the same race.)
 #[test]
 fn short_epochs_leave_no_function_switched_off() {
     for flag in [FINSTRUMENT, SLED] {
@@ -340,11 +338,11 @@ fn short_epochs_leave_no_function_switched_off() {
 
 /// `tests/c/deep.c` on sled builds: recursion 200 deep whose sampled calls
 /// return only after every level under them has been entered. A sled
-/// function's exit probe follows its entry probe, so once the quota fills
-/// and the entry probe goes off, the levels below run with the sled off:
-/// the window's sampled calls still return through the exit trampoline
-/// (their return addresses were substituted on entry) and are measured,
-/// and no other exit reaches the handler. Before, the exit probe kept the
+/// function's exit probe follows its entry probe, so once the window
+/// closes and the entry probe goes off, the levels below run with the sled
+/// off: the window's sampled calls still return through the exit
+/// trampoline (their return addresses were substituted on entry) and are
+/// measured, and no other exit reaches the handler. Before, the exit probe kept the
 /// sled on for the calls in flight: each level below went through both
 /// trampolines to be dropped as an unmatched exit, 64 a window, after
 /// which the exit probe went off and the window's sampled calls, still in
@@ -380,9 +378,11 @@ fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
         );
         // Every sampled level lasts the 50 us spin under it, and none
         // outlasts the run. (Its total time does: recursion counts nested
-        // time in every enclosing activation, as gprof does.)
+        // time in every enclosing activation, as gprof does.) A level timed
+        // in a window holds up to 200 counted calls under it, whose hooks'
+        // unseen cost is taken off as calibrated: 1% allows for that.
         assert!(
-            descend.min_us >= 50.0 && descend.max_us <= r.wall_ms * 1e3,
+            descend.min_us >= 49.5 && descend.max_us <= r.wall_ms * 1e3,
             "{cc}: sampled calls of {:.1} to {:.1} us in a {:.1} ms run",
             descend.min_us,
             descend.max_us,
@@ -609,19 +609,20 @@ fn a_functions_clones_are_sampled_with_inlined_copies_off() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A function whose quota filled just before the fork has its entry probe
-/// off in the child too; the child re-arms it at once, so the child's
-/// report samples and counts the child's own calls of it (before, it was
-/// never sampled again in the child).
+/// A function whose entry probe is off at the fork (counted whole past its
+/// overflow, or between windows) has it off in the child too; the child
+/// re-arms it at once, so the child's report samples and counts the
+/// child's own calls of it (before, it was never sampled again in the
+/// child).
 #[test]
-fn a_forked_child_samples_functions_whose_quota_filled_in_the_parent() {
+fn a_forked_child_samples_functions_whose_probe_was_off_in_the_parent() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("fork_profile");
     let inst = dir.join("inst");
     build("gcc", &[&src("fork_profile.c")], &["-O2", FINSTRUMENT], &inst);
     let out = dir.join("out");
-    // A long epoch: the parent's daemon does not re-open `work`'s window
-    // between its 1,000 calls and the fork.
+    // A long epoch: the parent's sampler does not re-arm `work` between
+    // its 5,000 calls and the fork (its overflow is 1,920 calls).
     let o = profiled(&inst, &[], &dir, &out, &[("FASTINST_PROFILE_EPOCH_MS", "300")]);
     let got = ok_stdout(&o, "profiled");
     let child: u32 = got
@@ -709,4 +710,63 @@ fn cpu_contention_is_measured_and_warned_of() {
         .expect("a text report");
     let text = std::fs::read_to_string(txt).unwrap();
     assert!(text.contains("cpu contention: the threads waited for a CPU"), "{text}");
+}
+
+/// `tests/c/phases.c`: a function whose calls are short in a dense phase
+/// and long in a sparse one that takes about as much time. Its mean, its
+/// inclusive time and its median, as profiled, against the `trace` tool's
+/// (every call timed) on the same binary, for both build kinds. When the
+/// profiler timed the first calls of each function after the start of an
+/// epoch, about half of them fell in the sparse phase: the mean and the
+/// median read many times the trace's (the bias that made short, hot
+/// interpreter functions read five to ten times their time).
+#[test]
+fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
+    for flag in [FINSTRUMENT, SLED] {
+        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = scratch(&format!("phases{flag}"));
+        let inst = dir.join("inst");
+        build("gcc", &[&src("phases.c")], &["-O2", flag], &inst);
+        let want = "work called 2008000 times\n";
+        let (prof, trace) = (dir.join("profile"), dir.join("trace"));
+        let o = profiled(&inst, &[], &dir, &prof, &[]);
+        assert_eq!(ok_stdout(&o, "profiled"), want);
+        let o = profiled(&inst, &[], &dir, &trace, &[("FASTINST_TOOL", "trace")]);
+        assert_eq!(ok_stdout(&o, "traced"), want);
+        let r = report(&prof);
+        let t: Report = serde_json::from_str(
+            &std::fs::read_to_string(
+                std::fs::read_dir(&trace)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .find(|p| p.extension().is_some_and(|x| x == "json"))
+                    .expect("the trace's JSON report"),
+            )
+            .unwrap(),
+        )
+        .expect("the trace report parses");
+        println!("{}", fastinst::profile::report::render_text(&r));
+        let work = |r: &Report| r.functions.iter().find(|f| f.name == "work").cloned().expect("work");
+        let (p, t) = (work(&r), work(&t));
+        assert_eq!(t.calls_estimated, 2_008_000.0, "{flag}: the trace counts every call");
+        assert!(p.calls_sampled >= 100, "{flag}: {} timed calls", p.calls_sampled);
+        // The old bias was ten times and more. Two runs of one binary
+        // differ: the trace's hooks on every call slow its short calls
+        // (its mean of this function reads ~30% over the plain run's), and
+        // a total carries the call estimate's error too, and the few long
+        // calls timed in the sparse phase stand for many each. So: within
+        // 40%, or three stated deviations where the report says it is
+        // less sure than that.
+        let tol = (3.0 * p.total_sd / t.total_ms).max(0.4);
+        within(
+            &format!("{flag} work total ms (+- {:.1})", p.total_sd),
+            p.total_ms,
+            t.total_ms,
+            tol,
+        );
+        within(&format!("{flag} work mean us"), p.mean_us, t.mean_us, tol);
+        // Almost every call is short: the median is a short call's.
+        within(&format!("{flag} work p50 us"), p.p50_us, t.p50_us, 0.5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -188,6 +188,7 @@ mod tests {
                 inlined: true,
                 windows: 3,
                 cpu_samples: true,
+                drawn: true,
             },
             overhead: Overhead {
                 samples_per_s: x(),

@@ -281,8 +281,10 @@ mod stacks_json {
 /// Sampling settings as reported.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct SettingsOut {
-    /// Calls timed per function per timing epoch (the name is kept from
-    /// schema 1, when they were a window's samples).
+    /// Calls timed per function per epoch: drawn at random among the
+    /// counted calls where [`SettingsOut::drawn`], else the first calls of
+    /// each timing epoch (the name is kept from schema 1, when they were a
+    /// window's samples).
     pub samples_per_window: u32,
     /// Epoch in ms.
     pub epoch_ms: f64,
@@ -300,6 +302,11 @@ pub struct SettingsOut {
     /// in reports before schema 3 and in traces.
     #[serde(default)]
     pub cpu_samples: bool,
+    /// Whether the timed calls were drawn at random among the counted
+    /// ones, each weighted by the calls it stands for; false in reports
+    /// whose epochs alternated timing the first calls and counting.
+    #[serde(default)]
+    pub drawn: bool,
 }
 
 /// The profiler's own cost and losses.
@@ -483,11 +490,19 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     if r.settings.samples_per_window == 0 {
         writeln!(s, "tracing: every call timed and counted")?;
     } else {
-        writeln!(
-            s,
-            "sampling: epochs of {} ms, alternately timing (the first {} calls of each function) and counting ({} windows per busy function, at random times)",
-            r.settings.epoch_ms, r.settings.samples_per_window, r.settings.windows
-        )?;
+        if r.settings.drawn {
+            writeln!(
+                s,
+                "sampling: epochs of {} ms; {} windows per busy function at random times count its calls, and about {} calls of each function an epoch are timed, drawn at random among the counted ones",
+                r.settings.epoch_ms, r.settings.windows, r.settings.samples_per_window
+            )?;
+        } else {
+            writeln!(
+                s,
+                "sampling: epochs of {} ms, alternately timing (the first {} calls of each function) and counting ({} windows per busy function, at random times)",
+                r.settings.epoch_ms, r.settings.samples_per_window, r.settings.windows
+            )?;
+        }
     }
     writeln!(
         s,
@@ -777,6 +792,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             inlined: false,
             windows: 2,
             cpu_samples: true,
+            drawn: true,
         },
         overhead: Overhead::default(),
         functions: Vec::new(),

@@ -59,7 +59,7 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
     // Outermost unless an activation of the same function encloses it
     // (counted once, in the outermost: recursion is not time twice).
     let outer = !sh.frames.iter().any(|fr| fr.func == fi);
-    if agg.log(fi, done.from, dur, self_ticks, end, outer) {
+    if agg.log(fi, done.from, dur, self_ticks, end, outer, done.weight) {
         agg.fold();
     }
     drop(agg);

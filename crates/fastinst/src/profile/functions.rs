@@ -1,20 +1,20 @@
-//! Per-function profiling state: the timing quota of each epoch, the exit
+//! Per-function profiling state: which of its calls are timed, the exit
 //! probes' bookkeeping, and the counting window ([`super::window`]).
 //!
-//! Two things happen to a function's calls in an epoch. The first K calls
-//! (`FASTINST_PROFILE_SAMPLES`) are timed: their entry and exit are paired
-//! and their duration, caller and path recorded. Independently, the calls
-//! inside the epoch's counting window are counted, for the call estimate.
-//! The entry probe stays on until both are done: the quota filled and the
-//! window over. A function whose window is the whole epoch keeps its entry
-//! probe on throughout (every call counted, a light handler after the
-//! first K).
+//! A function's calls are counted (whole, or inside its counting windows)
+//! and, among the counted ones, each is timed by an independent draw with
+//! the chance [`Func::chance`] that the sampler set for the window or the
+//! epoch ([`super::choose`]): its entry and exit are paired and its
+//! duration, caller and path recorded, weighted by the inverse of that
+//! chance. A function counted whole keeps its entry probe on throughout
+//! (every call counted); a windowed one has it on only while a window is
+//! open.
 
 use super::window::Window;
 use crate::probe::ProbeId;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
-/// Exits per window that may match no sampled call before an exhausted
+/// Exits per window that may match no sampled call before a closed
 /// function's exit probes go off even though a sampled call is still in
 /// flight. Without a bound, one long sampled call of a hot recursive
 /// function (an interpreter's `JS_CallInternal` entered by `main`) keeps
@@ -47,8 +47,14 @@ pub(crate) struct Func {
     pub addr: usize,
     /// End of the function's code, 0 until resolved from its symbol.
     pub end: AtomicUsize,
-    /// The epoch (high 32 bits) and the calls timed in it (low 32).
-    sampled: AtomicU64,
+    /// The chance that a counted call is timed, as a power of two: `2^-chance`
+    /// (set by the sampler for each window, or each epoch of a function
+    /// counted whole; see [`super::choose`]).
+    pub chance: AtomicU8,
+    /// Calls timed at the current chance, and how many may be before the
+    /// chance halves ([`Func::took`]).
+    pub taken: AtomicU32,
+    pub budget: AtomicU32,
     /// Sampled calls entered and not yet exited.
     pub outstanding: AtomicI32,
     /// Bumped each time one of the function's exit probes is switched off
@@ -65,9 +71,11 @@ pub(crate) struct Func {
     /// [`TAIL_HINT`] for a tail-jump exit (found by the function, after a
     /// look for its caller's return address); 0: no hint.
     exit_slot: AtomicU32,
-    /// The quota of the current epoch is filled: no more calls are timed
-    /// until the next.
-    pub exhausted: AtomicBool,
+    /// No call is being chosen for timing: the function's window is
+    /// closed (a windowed function), or its entry probe went off for the
+    /// rest of the epoch (one counted whole past its overflow). Its exit
+    /// probes then go off once no timed call is in flight.
+    pub closed: AtomicBool,
     /// Its exit probe follows its entry probe (a sled function: see
     /// `crate::sled::follow_entry`): it sees exactly the returns of the
     /// calls entered while the entry probe was on, so it stays on for the
@@ -84,28 +92,20 @@ pub(crate) struct Func {
     pub probes: FuncProbes,
 }
 
-/// What [`Func::take_sample`] answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Sample {
-    /// Time this call, the epoch's n-th (from 1); `last` when it fills the
-    /// quota.
-    Take { n: u32, last: bool },
-    /// The quota is filled.
-    Full,
-}
-
 impl Func {
     pub(crate) fn new(addr: usize, name: impl Into<std::borrow::Cow<'static, str>>) -> Func {
         Func {
             addr,
             end: AtomicUsize::new(0),
-            sampled: AtomicU64::new(0),
+            chance: AtomicU8::new(0),
+            taken: AtomicU32::new(0),
+            budget: AtomicU32::new(u32::MAX),
             outstanding: AtomicI32::new(0),
             exit_gen: AtomicU32::new(0),
             unmatched: AtomicU32::new(0),
             exit_probe: AtomicU32::new(0),
             exit_slot: AtomicU32::new(0),
-            exhausted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             exits_follow_entry: AtomicBool::new(false),
             window: Window::new(),
             name: name.into(),
@@ -113,37 +113,33 @@ impl Func {
         }
     }
 
-    /// Claims a timing sample of epoch `epoch` (quota `k`): the first call
-    /// of a new epoch starts its count afresh.
-    #[inline(always)]
-    pub(crate) fn take_sample(&self, epoch: u32, k: u32) -> Sample {
-        let want = u64::from(epoch) << 32;
-        let mut v = self.sampled.load(Ordering::Relaxed);
-        loop {
-            let n = if v & !0xFFFF_FFFF == want { v & 0xFFFF_FFFF } else { 0 };
-            if n >= u64::from(k) {
-                return Sample::Full;
-            }
-            match self
-                .sampled
-                .compare_exchange_weak(v, want | (n + 1), Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    return Sample::Take {
-                        n: n as u32 + 1,
-                        last: n + 1 == u64::from(k),
-                    }
-                }
-                Err(now) => v = now,
-            }
-        }
+    /// Sets the chance of timing a call to `2^-chance`, for a stretch (a
+    /// window, or an epoch of a function counted whole) that should time
+    /// about `budget` calls.
+    pub(crate) fn set_chance(&self, chance: u8, budget: u32) {
+        self.taken.store(0, Ordering::Relaxed);
+        self.budget.store(budget.max(1), Ordering::Relaxed);
+        self.chance.store(chance, Ordering::Relaxed);
     }
 
-    /// Whether epoch `epoch`'s quota `k` is filled.
-    #[cfg(test)]
-    pub(crate) fn quota_filled(&self, epoch: u32, k: u32) -> bool {
-        let v = self.sampled.load(Ordering::Acquire);
-        k == 0 || (v >> 32 == u64::from(epoch) && v & 0xFFFF_FFFF >= u64::from(k))
+    /// Notes a call timed at shift `j`: once the stretch's budget is
+    /// spent, the chance halves. The chance was set from the calls the
+    /// stretch was expected to hold, and a function that turned busy since
+    /// would otherwise time hundreds of calls a window. Each timed call
+    /// keeps the weight of the chance it was drawn with, which was fixed
+    /// before its call began, so the weighted sums stay unbiased
+    /// ([`super::choose`]).
+    #[inline]
+    pub(crate) fn took(&self, j: u8) {
+        let n = self.taken.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.budget.load(Ordering::Relaxed) && j < super::choose::MAX_SHIFT {
+            self.taken.store(0, Ordering::Relaxed);
+            // Only from `j`: threads that spent the budget together halve
+            // it once.
+            let _ = self
+                .chance
+                .compare_exchange(j, j + 1, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     /// Counts an exit that matched no sampled call; true once the window's
@@ -152,13 +148,13 @@ impl Func {
         self.unmatched.fetch_add(1, Ordering::Relaxed) >= EXIT_BUDGET
     }
 
-    /// Forgets the timing quota and the counts (a forked child profiles
+    /// Forgets the timing chance and the counts (a forked child profiles
     /// its own calls).
     pub(crate) fn reset(&self) {
-        self.sampled.store(0, Ordering::Relaxed);
+        self.set_chance(0, u32::MAX);
         self.outstanding.store(0, Ordering::Relaxed);
         self.unmatched.store(0, Ordering::Relaxed);
-        self.exhausted.store(false, Ordering::Relaxed);
+        self.closed.store(false, Ordering::Relaxed);
         self.window.reset();
     }
 
@@ -322,23 +318,12 @@ mod tests {
         let base = &f as *const Func as usize;
         assert_eq!(base % 64, 0);
         for last in [
-            std::ptr::addr_of!(f.exhausted) as usize,
+            std::ptr::addr_of!(f.closed) as usize,
+            std::ptr::addr_of!(f.chance) as usize,
             std::ptr::addr_of!(f.exits_follow_entry) as usize,
         ] {
             assert!(last - base < 64);
         }
-    }
-
-    #[test]
-    fn the_quota_restarts_each_epoch() {
-        let f = Func::new(0x1000, "f");
-        assert_eq!(f.take_sample(1, 2), Sample::Take { n: 1, last: false });
-        assert_eq!(f.take_sample(1, 2), Sample::Take { n: 2, last: true });
-        assert_eq!(f.take_sample(1, 2), Sample::Full);
-        assert!(f.quota_filled(1, 2));
-        assert!(!f.quota_filled(2, 2));
-        assert!(f.quota_filled(2, 0), "a quota of none is always filled");
-        assert_eq!(f.take_sample(2, 2), Sample::Take { n: 1, last: false });
     }
 
     #[test]

@@ -3,10 +3,13 @@
 //! `B = 4`, under 1% at the trace tool's `B = 7`), stored compactly: only
 //! the powers of two a function's samples have reached, typically a
 //! handful. (A dense array of every bucket, 4 KiB per function per thread,
-//! made each sample's increment a cache and TLB miss.)
+//! made each sample's increment a cache and TLB miss.) A count is of the
+//! calls the timed ones stand for (the profiler weights each; the trace
+//! tool counts each once), so 64 bits: a hot function's weighted count
+//! passes 2^32 in a long run.
 
 /// Sub-bucket bits of the profiler's histograms: 16 per octave, each 6%
-/// wide, one 64-byte line per octave.
+/// wide, two 64-byte lines per octave.
 pub(crate) const PROFILE_BITS: u32 = 4;
 
 /// Buckets over the whole range of `u64` ticks with `B` sub-bucket bits.
@@ -43,7 +46,7 @@ pub(crate) struct Hist<const B: u32 = PROFILE_BITS> {
     /// Bucket of `counts[0]` (a multiple of `2^B`).
     first: usize,
     /// Counts of buckets `first..first + counts.len()`, whole octaves.
-    counts: Vec<u32>,
+    counts: Vec<u64>,
 }
 
 impl<const B: u32> Hist<B> {
@@ -55,8 +58,14 @@ impl<const B: u32> Hist<B> {
         self.add_n(bucket::<B>(ticks), 1);
     }
 
+    /// Counts one duration in ticks that stands for `w` calls.
     #[inline]
-    fn add_n(&mut self, b: usize, n: u32) {
+    pub(crate) fn add_weighted(&mut self, ticks: u64, w: u64) {
+        self.add_n(bucket::<B>(ticks), w);
+    }
+
+    #[inline]
+    fn add_n(&mut self, b: usize, n: u64) {
         match self.counts.get_mut(b.wrapping_sub(self.first)) {
             Some(c) => *c += n,
             None => self.grow_to(b, n),
@@ -65,7 +74,7 @@ impl<const B: u32> Hist<B> {
 
     /// Widens the stored range to bucket `b`'s octave and counts `n` there.
     #[cold]
-    fn grow_to(&mut self, b: usize, n: u32) {
+    fn grow_to(&mut self, b: usize, n: u64) {
         let lo = b / Self::PER_OCTAVE * Self::PER_OCTAVE;
         if self.counts.is_empty() {
             self.first = lo;
@@ -84,10 +93,10 @@ impl<const B: u32> Hist<B> {
     /// Where a duration of `ticks` would be counted, if that octave is
     /// stored (to prefetch it).
     #[inline]
-    pub(crate) fn slot(&self, ticks: u64) -> Option<*const u32> {
+    pub(crate) fn slot(&self, ticks: u64) -> Option<*const u64> {
         self.counts
             .get(bucket::<B>(ticks).wrapping_sub(self.first))
-            .map(|c| c as *const u32)
+            .map(|c| c as *const u64)
     }
 
     /// Adds `other`'s counts: the stored range widened once to cover
@@ -123,7 +132,7 @@ impl<const B: u32> Hist<B> {
         let target = ((n as f64 - 1.0) * q).round() as u64;
         let mut seen = 0u64;
         for (i, &c) in self.counts.iter().enumerate() {
-            seen += u64::from(c);
+            seen += c;
             if seen > target {
                 return bucket_mid::<B>(self.first + i);
             }
@@ -135,12 +144,12 @@ impl<const B: u32> Hist<B> {
     /// each taken at its bucket's middle (within half a bucket, 3%, of
     /// the duration): `n - 1` times their variance when `mean` is theirs.
     pub(crate) fn squares_about(&self, mean: f64) -> f64 {
-        self.iter().map(|(m, c)| f64::from(c) * (m - mean) * (m - mean)).sum()
+        self.iter().map(|(m, c)| c as f64 * (m - mean) * (m - mean)).sum()
     }
 
     /// Every stored bucket's middle and count, in order (for tests and
     /// merging into another resolution).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (f64, u32)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
         self.counts
             .iter()
             .enumerate()
@@ -171,7 +180,7 @@ mod tests {
     /// all buckets would, whichever order its octaves were reached in.
     #[test]
     fn compact_counts_match_a_dense_array() {
-        let mut dense = vec![0u32; buckets(4)];
+        let mut dense = vec![0u64; buckets(4)];
         let mut h = Hist::<4>::default();
         let mut other = Hist::<4>::default();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -207,7 +216,7 @@ mod tests {
             let target = ((n as f64 - 1.0) * q).round() as u64;
             let mut seen = 0u64;
             for (b, &c) in dense.iter().enumerate() {
-                seen += u64::from(c);
+                seen += c;
                 if seen > target {
                     return bucket_mid::<4>(b);
                 }
@@ -218,7 +227,7 @@ mod tests {
             assert_eq!(h.percentile(n, q), dense_pct(q), "q = {q}");
         }
         assert!(h.counts.len() % 16 == 0 && h.first % 16 == 0);
-        assert_eq!(h.counts.iter().map(|&c| u64::from(c)).sum::<u64>(), n);
+        assert_eq!(h.counts.iter().sum::<u64>(), n);
     }
 
     /// Quantiles against the exact order statistics of the sorted samples

@@ -60,6 +60,7 @@ fn new_store() -> Arc<ThreadStore> {
         clock: std::sync::atomic::AtomicUsize::new(
             crate::clock::current().map_or(0, |c| c as *const crate::clock::ThreadClock as usize),
         ),
+        draws: std::sync::atomic::AtomicU64::new(super::choose::seed(wordpatch::tsc::now() ^ (tid as u64) << 32)),
     });
     super::exposure::start_thread(&s);
     if let Some(p) = get() {

@@ -2,20 +2,19 @@
 //! paper's §9 case study, made to tell the truth on real programs.
 //!
 //! Time is cut into epochs (`FASTINST_PROFILE_EPOCH_MS`, default 10, each
-//! drawn from half to one and a half times it), alternately *timing* and
-//! *counting*:
-//! - In a timing epoch every function's probes are on until it has timed
-//!   its first K calls (`FASTINST_PROFILE_SAMPLES`, default 10): entry and
-//!   exit paired, each duration in the program's own time (the hooks'
-//!   time taken off, `crate::clock`), with its caller and call path. Then
-//!   its entry probe switches itself off from inside its handler.
-//! - In a counting epoch, calls are counted in windows (`schedule`):
-//!   stretches of time the sampler thread places at random, in which a
-//!   function's entry probe is on and every call counted; the windows'
-//!   counts over their exposure, the program's own CPU time
-//!   (`exposure`), estimate every call (`window`). A function with
-//!   few calls is counted whole, every call of every epoch, and timed in
-//!   every epoch too.
+//! drawn from half to one and a half times it). In each:
+//! - Calls are counted in windows (`schedule`): stretches of time the
+//!   sampler thread places at random, in which a function's probes are on
+//!   and every call counted; the windows' counts over their exposure, the
+//!   program's own CPU time (`exposure`), estimate every call (`window`).
+//!   A function with few calls is counted whole, every call of every
+//!   epoch.
+//! - Among the counted calls, each is timed by an independent draw
+//!   (`choose`), about K a function an epoch (`FASTINST_PROFILE_SAMPLES`,
+//!   default 10): entry and exit paired, its duration in the program's own
+//!   time (the hooks' time taken off, `crate::clock`), with its caller and
+//!   call path, weighted by the calls it stands for. So the timed calls
+//!   are a sample of all calls, each as likely as any other.
 //!
 //! Self time comes from CPU samples of each thread (`cpusample`),
 //! inclusive time from the timed calls, each outermost activation once;
@@ -33,9 +32,10 @@
 //! its epoch allocates nothing and never parks. Pairing, call paths and
 //! their limits are in `thread`.
 
+mod choose;
 mod counts;
 mod cpusample;
-mod exhausted;
+mod due;
 mod exposure;
 mod frames;
 mod functions;
@@ -59,9 +59,9 @@ use crate::probe::{ProbeKind, ProbeMeta};
 use crate::registry;
 use crate::segmented::Segmented;
 use crate::sitetable::{self, key};
-use exhausted::Exhausted;
+use due::Due;
 use functions::Func;
-use handlers::{on_entry, on_exit, paths_may_change};
+use handlers::{on_entry, on_exit};
 use local::with_local;
 pub(crate) use output::write_reports;
 use parking_lot::Mutex;
@@ -70,7 +70,6 @@ use profiler::{get, Profiler, PROFILER};
 use sampler::{on_signal, rearm, start_sampler};
 use schedule::Schedule;
 pub use settings::{Sampler, Settings};
-pub(crate) use state::counting_epoch;
 use state::State;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -95,7 +94,7 @@ fn discovered(m: &ProbeMeta) {
                 };
                 map.insert(m.function, fi);
                 // Before any of its probes is on, so before a handler can
-                // hand it to the sampler (see `Exhausted::push`).
+                // hand it to the sampler (see `Due::push`).
                 p.due.reserve(fi);
                 // Every thread's counter for it, so that a window can mark
                 // it from the raw sampler (which must not allocate).
@@ -168,7 +167,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             settings,
             funcs: Segmented::new(),
             by_addr: Mutex::new(thread::FxMap::default()),
-            due: Exhausted::default(),
+            due: Due::default(),
             stores: Segmented::new(),
             stores_lock: AtomicBool::new(false),
             epoch_start: AtomicU64::new(0),
@@ -187,7 +186,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             out,
             program,
         },
-        schedule: Schedule::new(on_entry),
+        schedule: Schedule::new(on_entry, on_exit),
     });
     if fresh.is_err() {
         return Ok(());
@@ -298,9 +297,10 @@ pub(crate) fn fork_child() {
         s.epoch_x = s.exposure.advance(p).x();
     }
     *p.start.lock() = (now, Instant::now());
-    // Functions whose quota filled in the parent have their entry probes
-    // off: re-armed now, so the child's first calls are counted too (the
-    // child is one thread until it returns from fork).
+    // Functions between windows, or past a whole count's overflow, in the
+    // parent have their entry probes off: re-armed now, so the child's
+    // first calls are counted too (the child is one thread until it
+    // returns from fork).
     // Its epochs start afresh: every function counted whole from now.
     p.due.clear();
     crate::clock::advance_period(now);
@@ -308,7 +308,7 @@ pub(crate) fn fork_child() {
     for i in 0..p.funcs.len() {
         if let Some(f) = p.funcs.get(i) {
             f.reset();
-            rearmed += rearm(p, f, false, !counting_epoch(crate::clock::period().0));
+            rearmed += rearm(p, f, false, 0);
         }
     }
     // The reset forgot this thread's sampled calls in flight, which the
@@ -321,7 +321,7 @@ pub(crate) fn fork_child() {
             }
         }
     });
-    paths_may_change(p);
+    p.paths_may_change();
     let mut threads = p.threads.lock();
     threads.retain(|t| me.as_ref().is_some_and(|m| Arc::ptr_eq(m, t)));
     for t in threads.iter() {

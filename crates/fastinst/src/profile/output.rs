@@ -5,7 +5,6 @@ use super::frames::close_open_frames;
 use super::local::with_local;
 use super::profiler::{get, Profiler};
 use super::report;
-use super::state::counting_epoch;
 use super::window::Kind;
 use super::{cpusample, schedule};
 use crate::registry;
@@ -14,18 +13,18 @@ use std::time::Instant;
 
 /// The profiler stops: the running epoch ends now, so that the estimates
 /// are complete (the report at exit). Every function counted whole folds
-/// its count; windowed functions fold the counting epoch, or carry their
+/// its count; windowed functions fold the epoch, or carry their
 /// last rate to now.
 pub(crate) fn final_fold(p: &'static Profiler) {
     let mut s = p.schedule.hold();
     let (ended, _) = crate::clock::period();
-    let counting = counting_epoch(ended) && s.counting;
-    if counting {
+    let planned = s.planned;
+    if planned {
         schedule::finish(p, &mut s);
     }
     let reading = s.exposure.advance(p);
     let (now, x_now) = (reading.at, reading.x());
-    if counting {
+    if planned {
         s.fold(p, x_now);
     }
     schedule::idle(&mut s, ended);

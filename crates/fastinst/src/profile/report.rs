@@ -47,22 +47,26 @@ pub(crate) fn announce(what: &str, dir: &std::path::Path, written: std::io::Resu
 }
 
 /// The standard deviation, in ticks, of an inclusive time estimated as
-/// `calls` (standard deviation `calls_sd`) times the mean of `a`'s timed
-/// outermost activations. The two are independent, so their relative
-/// variances add. The mean's spread is the timed durations' over the
-/// square root of their number, less the share of `calls` that was timed
-/// (none is left to estimate when all were); a recursive function's
-/// outermost durations are taken to spread as its durations do.
+/// `calls` (standard deviation `calls_sd`) times the weighted mean of
+/// `a`'s timed outermost activations. The two are independent, so their
+/// relative variances add. The mean's spread is the timed durations' over
+/// the square root of their effective number (weights that differ say
+/// less than as many equal ones: `(sum w)^2 / sum w^2`), less the share of
+/// `calls` that was timed (none is left to estimate when all were); a
+/// recursive function's outermost durations are taken to spread as its
+/// durations do.
 fn total_spread(a: &FnAgg, calls: f64, calls_sd: f64) -> f64 {
-    if a.n == 0 || calls <= 0.0 {
+    if a.n == 0 || a.w == 0 || calls <= 0.0 {
         return 0.0;
     }
-    let n = a.n as f64;
-    let mean = a.sum as f64 / n;
-    let outer_mean = a.outer_sum as f64 / n;
-    let unsampled = (1.0 - n / calls).max(0.0);
-    let mean_var = if a.n > 1 {
-        a.hist.squares_about(mean) / (n - 1.0) / n * unsampled
+    let w = a.w as f64;
+    let mean = a.sum as f64 / w;
+    let outer_mean = a.outer_sum as f64 / w;
+    let n_eff = w * w / (a.w2 as f64).max(1.0);
+    let unsampled = (1.0 - a.n as f64 / calls).max(0.0);
+    let mean_var = if a.n > 1 && n_eff > 1.0 {
+        let var = a.hist.squares_about(mean) / w * n_eff / (n_eff - 1.0);
+        var / n_eff * unsampled
     } else {
         // One timed call says nothing of the spread: as uncertain as it is long.
         mean * mean * unsampled
@@ -82,7 +86,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let k = p.settings.samples;
 
     let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
-    let mut edges: FxMap<(u64, u32), (u64, u64)> = FxMap::default();
+    // (caller site, callee) -> (timed calls, the calls they stand for, weighted ticks)
+    let mut edges: FxMap<(u64, u32), (u64, u64, u64)> = FxMap::default();
     // Each thread's path trie (`paths.rs`), merged into one `PathTree`
     // (`pathtree.rs`) by name once the names are made.
     let mut trees = Vec::new();
@@ -99,7 +104,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         for edge in a.edges.iter() {
             let e = edges.entry((edge.from, edge.func)).or_default();
             e.0 += edge.calls;
-            e.1 += edge.ticks;
+            e.1 += edge.w;
+            e.2 = e.2.saturating_add(edge.ticks);
         }
         // Copied, to name outside the thread's lock.
         trees.push(a.paths.snapshot());
@@ -164,34 +170,36 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     drop(held);
     let mut mean: FxMap<u32, f64> = FxMap::default();
     for (fi, (a, _)) in &fns {
-        mean.insert(*fi, a.sum as f64 / a.n.max(1) as f64);
+        mean.insert(*fi, a.sum as f64 / a.w.max(1) as f64);
     }
     let total_of = |fi: u32| est.get(&fi).copied().unwrap_or(0.0) * mean.get(&fi).copied().unwrap_or(0.0);
     // Inclusive: each outermost sampled activation once, scaled to all
     // calls (a nested activation's time is in its outermost one's).
     let inclusive_of = |fi: u32| match fns.get(&fi) {
-        Some((a, _)) if a.n > 0 => est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.n as f64,
+        Some((a, _)) if a.w > 0 => est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.w as f64,
         _ => 0.0,
     };
     let cpu = cpu_attribution(&ranges, &p.program);
 
     // Edges, merged by caller function.
-    // (caller name, callee) -> (sampled calls, ticks, caller function).
-    type EdgeRows = FxMap<(Arc<str>, u32), (u64, u64, Option<u32>)>;
+    // (caller name, callee) -> (timed calls, the calls they stand for,
+    // weighted ticks, caller function).
+    type EdgeRows = FxMap<(Arc<str>, u32), (u64, u64, u64, Option<u32>)>;
     let mut edge_rows = EdgeRows::default();
-    for ((site, callee), (n, ticks)) in &edges {
+    for ((site, callee), (n, w, ticks)) in &edges {
         let cf = caller_fn(*site);
         let name = names.name(CALLER_TAG | *site);
-        let e = edge_rows.entry((name, *callee)).or_insert((0, 0, cf));
+        let e = edge_rows.entry((name, *callee)).or_insert((0, 0, 0, cf));
         e.0 += n;
-        e.1 += ticks;
+        e.1 += w;
+        e.2 = e.2.saturating_add(*ticks);
     }
     let mut child_time: FxMap<u32, f64> = FxMap::default();
     let mut edges_out = Vec::new();
-    for ((caller, callee), (n, ticks, cf)) in edge_rows {
-        let sampled = fns.get(&callee).map(|x| x.0.n).unwrap_or(0).max(1);
-        let calls = est.get(&callee).copied().unwrap_or(0.0) * n as f64 / sampled as f64;
-        let time = calls * ticks as f64 / n.max(1) as f64;
+    for ((caller, callee), (n, w, ticks, cf)) in edge_rows {
+        let weight = fns.get(&callee).map(|x| x.0.w).unwrap_or(0).max(1);
+        let calls = est.get(&callee).copied().unwrap_or(0.0) * w as f64 / weight as f64;
+        let time = calls * ticks as f64 / w.max(1) as f64;
         if let Some(cf) = cf {
             if cf != callee {
                 *child_time.entry(cf).or_default() += time;
@@ -244,7 +252,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 if a.n == 0 {
                     0.0
                 } else {
-                    us(a.hist.percentile(a.n, q).max(a.min as f64).min(a.max as f64))
+                    us(a.hist.percentile(a.w, q).max(a.min as f64).min(a.max as f64))
                 }
             };
             FunctionRow {
@@ -278,8 +286,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         // A sample's path ends at its function; anything else has no scale.
         let scale = match (last != GAP && last & CALLER_TAG == 0).then_some(last as u32) {
             Some(fi) => {
-                let sampled = fns.get(&fi).map(|x| x.0.n).unwrap_or(0).max(1);
-                est.get(&fi).copied().unwrap_or(0.0) / sampled as f64
+                let weight = fns.get(&fi).map(|x| x.0.w).unwrap_or(0).max(1);
+                est.get(&fi).copied().unwrap_or(0.0) / weight as f64
             }
             None => 0.0,
         };
@@ -303,6 +311,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             inlined: p.settings.inlined,
             windows: p.settings.windows as u32,
             cpu_samples: p.settings.cpu_samples,
+            drawn: true,
         },
         overhead: Overhead {
             probes: crate::registry::count(),
@@ -527,7 +536,7 @@ mod tests {
         let mut d: Vec<u64> = vec![20_000; 1_000];
         d.extend([2_000_000, 900_000, 40_000, 45_000]);
         for &x in &d {
-            a.record(x, true);
+            a.record(x, true, 1);
         }
         let n = d.len() as f64;
         let mean = d.iter().sum::<u64>() as f64 / n;
@@ -541,5 +550,38 @@ mod tests {
         assert!(got > 0.08 * calls * mean, "{got}");
         assert_eq!(total_spread(&a, n, 0.0), 0.0, "every call timed");
         assert_eq!(total_spread(&FnAgg::default(), calls, calls_sd), 0.0);
+    }
+
+    /// Timed calls that stand for different numbers of calls: the mean is
+    /// weighted, and its spread is the weighted estimator's (the
+    /// linearised variance `sum w^2 (d - mean)^2 / (sum w)^2`), to within
+    /// what the buckets and the effective-number shortcut allow when the
+    /// weights do not depend on the durations.
+    #[test]
+    fn weighted_timed_calls_give_the_weighted_mean_and_its_spread() {
+        let mut a = FnAgg::default();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut samples = Vec::new();
+        for i in 0..4_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let d = 1_000 + x % 50_000;
+            let w = if i % 3 == 0 { 64 } else { 4 };
+            a.record(d, true, w);
+            samples.push((d as f64, f64::from(w)));
+        }
+        let wsum: f64 = samples.iter().map(|s| s.1).sum();
+        let mean = samples.iter().map(|s| s.0 * s.1).sum::<f64>() / wsum;
+        assert!((a.sum as f64 / a.w as f64 - mean).abs() < 1e-6 * mean);
+        let var = samples.iter().map(|s| s.1 * s.1 * (s.0 - mean).powi(2)).sum::<f64>() / (wsum * wsum);
+        let calls = 1e9;
+        let want = calls * mean * (var / (mean * mean)).sqrt();
+        let got = total_spread(&a, calls, 0.0);
+        assert!((got / want - 1.0).abs() < 0.1, "{got} vs {want}");
+        // Equal weights would claim a smaller spread: the effective number
+        // of timed calls is under the timed calls.
+        let n_eff = wsum * wsum / samples.iter().map(|s| s.1 * s.1).sum::<f64>();
+        assert!(n_eff < 0.6 * samples.len() as f64, "{n_eff}");
     }
 }

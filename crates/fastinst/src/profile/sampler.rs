@@ -3,34 +3,34 @@
 //! reports.
 
 use super::functions::Func;
-use super::handlers::{exit_watch_changed, on_entry, on_exit};
+use super::handlers::{on_entry, on_exit};
 use super::profiler::{get, Profiler};
 use super::schedule::next_random;
 use super::settings::Sampler;
-use super::state::{counting_epoch, ticks_per_ns};
+use super::state::ticks_per_ns;
 use super::window::Kind;
-use super::{schedule, window};
+use super::{choose, schedule, window};
 use crate::registry;
 use crate::Strategy;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// Switches `f`'s probes that are off back on for the epoch starting,
-/// exits first so that no timed entry misses its exit; returns how many
-/// it switched. On the raw sampler (`raw`) a probe whose switch would take
-/// a word patch is left off and counted ([`Profiler::rearm_skipped`]).
-pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, timing: bool) -> u64 {
+/// Switches the probes of `f`, a function counted whole, that are off
+/// back on, exits first so that no timed entry misses its exit; its calls
+/// are timed with chance `2^-chance` ([`choose`]). Returns how many it
+/// switched. On the raw sampler (`raw`) a probe whose switch would take a
+/// word patch is left off and counted ([`Profiler::rearm_skipped`]).
+pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, chance: u8) -> u64 {
+    f.set_chance(chance, p.settings.samples);
+    f.unmatched.store(0, Ordering::Relaxed);
     let mut toggles = 0;
     for entry in [false, true] {
         if entry {
-            // Pairs with the fence in `reopened`. A counting epoch times
-            // nothing: its quota is filled from the start.
-            f.exhausted.store(!timing, Ordering::SeqCst);
-            // Pairs with `switch_off`'s check.
-            f.window.gen.fetch_add(1, Ordering::SeqCst);
+            // Pairs with the fence in `reopened`.
+            f.closed.store(false, Ordering::SeqCst);
         }
         f.probes.for_each(|id, is_entry| {
-            if is_entry != entry || (!entry && !timing) {
+            if is_entry != entry {
                 return;
             }
             let h: crate::Handler = if entry { on_entry } else { on_exit };
@@ -42,7 +42,7 @@ pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, timing: bool) -> u64 {
                 if !entry {
                     // Calls entered while it was off would otherwise look
                     // watched from here on.
-                    exit_watch_changed(p, f);
+                    p.exit_watch_changed(f);
                 }
                 toggles += 1;
             }
@@ -77,17 +77,15 @@ pub(super) fn prefetch_epoch(p: &Profiler, due: &[u32]) {
 pub(super) const BATCH: usize = 1024;
 
 /// One tick of the sampler: the epoch that was running ends now, and the
-/// next, of about `len` ticks, begins. Counting and timing epochs
-/// alternate ([`counting_epoch`]).
+/// next, of about `len` ticks, begins.
 ///
-/// Ending a counting epoch, its windows that are still open close now and
-/// every windowed function folds the epoch ([`window`]); one whose rate
-/// now predicts few calls an epoch goes back to being counted whole.
-/// Every function counted whole that was called folds its count, and goes
-/// windowed if the epoch held many calls. Then the next epoch is armed:
-/// a counting epoch's windows are planned ([`schedule::plan`]); in a
-/// timing epoch every function's probes go on, and its first calls are
-/// timed.
+/// Its windows that are still open close now and every windowed function
+/// folds the epoch ([`window`]); one whose rate now predicts few calls an
+/// epoch goes back to being counted whole. Every function counted whole
+/// that was called folds its count, and goes windowed if the epoch held
+/// many calls; otherwise its probes stay on, and the chance that each of
+/// its calls is timed is set from the epoch's count. Then the next epoch's
+/// windows are planned ([`schedule::plan`]).
 ///
 /// It allocates nothing and takes no lock that parks, so it can run on a
 /// thread the C library does not know ([`crate::rawthread`]): `due` is
@@ -97,41 +95,35 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     let tpn = ticks_per_ns(p);
     let mut s = p.schedule.hold();
     s.exposure.set_rate(tpn);
-    let (ended, _) = crate::clock::period();
-    if counting_epoch(ended) {
-        schedule::finish(p, &mut s);
-    }
+    schedule::finish(p, &mut s);
     let x = s.exposure.advance(p);
     let (now, x_now) = (x.at, x.x());
     let epoch_x = s.epoch_x;
     let t0 = p.epoch_start.load(Ordering::Relaxed);
     let p_epoch = (x_now - epoch_x).max(0.0);
-    if counting_epoch(ended) {
-        s.fold(p, x_now);
-        let mut k = 0;
-        while k < s.windowed.len() {
-            let fi = s.windowed[k];
-            let Some(f) = p.funcs.get(fi) else {
-                k += 1;
-                continue;
-            };
-            // SAFETY: the schedule's lock is held.
-            let e = unsafe { f.window.estimate_mut() };
-            if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
-                e.go_whole(x_now);
-                p.open_counts(fi);
-                f.window.set_kind(Kind::Whole);
-                s.windowed.swap_remove(k);
-                p.due.push(fi);
-            } else {
-                k += 1;
-            }
+    s.fold(p, x_now);
+    let mut k = 0;
+    while k < s.windowed.len() {
+        let fi = s.windowed[k];
+        let Some(f) = p.funcs.get(fi) else {
+            k += 1;
+            continue;
+        };
+        // SAFETY: the schedule's lock is held.
+        let e = unsafe { f.window.estimate_mut() };
+        if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
+            e.go_whole(x_now);
+            p.open_counts(fi);
+            f.window.set_kind(Kind::Whole);
+            s.windowed.swap_remove(k);
+            p.due.push(fi);
+        } else {
+            k += 1;
         }
     }
     let next = crate::clock::advance_period(now);
     p.epoch_start.store(now, Ordering::Relaxed);
     s.epoch_x = x_now;
-    let counting = counting_epoch(next);
     let mut toggles = 0;
     let mut taken = p.due.take(p.funcs.len());
     loop {
@@ -144,7 +136,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
         for &i in due.iter() {
             let Some(f) = p.funcs.get(i) else { continue };
             if f.window.kind() != Kind::Whole {
-                // Windowed: armed below.
+                // Windowed: armed by its windows.
                 continue;
             }
             let (n, overflow) = p.fold_whole(f, i);
@@ -163,21 +155,13 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 s.windowed.push(i);
                 continue;
             }
-            toggles += rearm(p, f, raw, !counting);
+            let chance = choose::shift_for(n as f64, f64::from(p.settings.samples));
+            toggles += rearm(p, f, raw, chance);
         }
     }
     s.raw = raw;
-    if counting {
-        schedule::plan(p, &mut s, next, now, len, p.settings.windows, tpn, rng);
-        schedule::wake(p, &mut s);
-    } else {
-        schedule::idle(&mut s, next);
-        for k in 0..s.windowed.len() {
-            if let Some(f) = p.funcs.get(s.windowed[k]) {
-                toggles += rearm(p, f, raw, true);
-            }
-        }
-    }
+    schedule::plan(p, &mut s, next, now, len, tpn, rng);
+    schedule::wake(p, &mut s);
     drop(s);
     // Once per epoch: the handlers update this counter too.
     p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
@@ -198,7 +182,7 @@ pub(super) fn first_sleep(p: &Profiler) -> Duration {
 }
 
 /// Sleeps through an epoch of `d`, waking about every
-/// [`schedule::WAKE_US`] in a counting epoch to open its windows.
+/// [`schedule::WAKE_US`] to open and close its windows.
 pub(super) fn sleep_epoch(p: &Profiler, d: Duration, raw: bool, rng: &mut u64) {
     let end = Instant::now() + d;
     loop {
@@ -206,19 +190,14 @@ pub(super) fn sleep_epoch(p: &Profiler, d: Duration, raw: bool, rng: &mut u64) {
         if left.is_zero() || p.stop.load(Ordering::Relaxed) {
             return;
         }
-        let counting = counting_epoch(crate::clock::period().0);
-        let nap = if counting {
-            let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
-            left.min(Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u))
-        } else {
-            left
-        };
+        let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let nap = left.min(Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u));
         if raw {
             crate::rawthread::sleep(nap);
         } else {
             std::thread::sleep(nap);
         }
-        if counting && !p.stop.load(Ordering::Relaxed) {
+        if !p.stop.load(Ordering::Relaxed) {
             let mut s = p.schedule.hold();
             schedule::wake(p, &mut s);
         }
@@ -302,7 +281,7 @@ pub(super) fn start_sampler() {
         .spawn(sampler_pthread)
     {
         crate::log::error(format_args!(
-            "profile: cannot start the sampling thread: {e}; probes stay on after their first 10 samples are taken"
+            "profile: cannot start the sampling thread: {e}; every call is counted and timed, at a tracer's cost"
         ));
     }
 }

@@ -1,4 +1,5 @@
-//! The counting windows of a counting epoch.
+//! The windows of an epoch, in which calls are counted and drawn for
+//! timing.
 //!
 //! At the epoch's start every windowed function
 //! ([`super::window::Kind::Windowed`]) is given
@@ -21,9 +22,12 @@
 //! after its K-th call reads a rate measured up to a call, biased high for
 //! a function called in bursts), nor of another (one opened when the last
 //! closed starts on the last one's call, tied to the program's phases:
-//! SQLite's sort comparisons read 0.1 of their count so). Its probe goes
-//! on just before it opens and off just after it closes; a counting
-//! handler counts a call while the window is open.
+//! SQLite's sort comparisons read 0.1 of their count so). Its probes go
+//! on just before it opens (exits first) and its entry probe off just
+//! after it closes; the entry handler counts a call while the window is
+//! open, and times it if its draw says so (`super::choose`: the chance is
+//! fixed when the window is planned, from the calls its recent windows
+//! held).
 //!
 //! The exposure clock is read when windows open and when they close, by
 //! the sampler (`super::exposure`). Every hook times itself, so a window's
@@ -35,6 +39,7 @@
 //! program: interpreters' busiest functions read well under their calls;
 //! see `crates/benches/results/accuracy.md`.)
 
+use super::choose;
 use super::exposure::{Exposure, Reading};
 use super::state::State;
 use super::window::Kind;
@@ -44,7 +49,7 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wordpatch::tsc;
 
-/// The sampler's mean interval between wake-ups in a counting epoch
+/// The sampler's mean interval between wake-ups
 /// (microseconds).
 pub const WAKE_US: u64 = 150;
 
@@ -100,11 +105,12 @@ pub(crate) struct Win {
 }
 
 pub(crate) struct Inner {
-    /// The handler an open window's entry probes call.
+    /// The handlers an open window's entry and exit probes call.
     entry: Handler,
-    /// The epoch the windows are for, and whether it counts.
+    exit: Handler,
+    /// The epoch the windows are for, and whether they are planned.
     pub epoch: u32,
-    pub counting: bool,
+    pub planned: bool,
     /// The raw sampler planned it (word patches are not made from it).
     pub raw: bool,
     /// The exposure clock.
@@ -112,26 +118,30 @@ pub(crate) struct Inner {
     /// The exposure when the running epoch began.
     pub epoch_x: f64,
     /// The windows to open, by time: (wall TSC, function, rate, length in
-    /// ticks).
-    queue: Vec<(u64, u32, f64, u64)>,
+    /// ticks, the chance of timing a call in it as a shift, the calls it
+    /// should time).
+    queue: Vec<(u64, u32, f64, u64, u8, u32)>,
     next: usize,
     /// The windows open.
     open: Vec<Win>,
     /// Windowed functions.
     pub windowed: Vec<u32>,
-    order: Vec<(u32, f64, f64)>,
+    /// Scratch for `plan`: (function, sizing rate, share of windows,
+    /// calls per recent window).
+    order: Vec<(u32, f64, f64, f64)>,
 }
 
 impl Schedule {
     /// An empty schedule whose windows switch entry probes on with `entry`
-    /// (the profiler's entry handler).
-    pub(crate) fn new(entry: Handler) -> Self {
+    /// and exit probes with `exit` (the profiler's handlers).
+    pub(crate) fn new(entry: Handler, exit: Handler) -> Self {
         Schedule {
             lock: AtomicBool::new(false),
             inner: UnsafeCell::new(Inner {
                 entry,
+                exit,
                 epoch: 0,
-                counting: false,
+                planned: false,
                 raw: false,
                 exposure: Exposure::default(),
                 epoch_x: 0.0,
@@ -187,19 +197,19 @@ impl Schedule {
     }
 }
 
-/// A timing epoch `epoch` begins: no windows.
+/// Epoch `epoch` has no windows (yet, or in a forked child, any more).
 pub(crate) fn idle(s: &mut Inner, epoch: u32) {
     s.epoch = epoch;
-    s.counting = false;
+    s.planned = false;
     s.queue.clear();
     s.next = 0;
     s.open.clear();
 }
 
-/// The sampler's wake-up in a counting epoch: closes the windows whose
+/// The sampler's wake-up: closes the windows whose
 /// time is up, then opens those whose time has come and that fit.
 pub(crate) fn wake(p: &State, s: &mut Inner) {
-    if !s.counting {
+    if !s.planned {
         return;
     }
     close(p, s, false);
@@ -215,7 +225,7 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
     let first = s.open.len();
     let mut j = s.next;
     while j < s.queue.len() && s.open.len() < MAX_OPEN {
-        let (at, fi, rate, len) = s.queue[j];
+        let (at, fi, rate, len, chance, budget) = s.queue[j];
         if at > now {
             break;
         }
@@ -246,7 +256,7 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
             continue;
         }
         s.queue[j - 1].1 = TAKEN;
-        if arm(p, s, fi) {
+        if arm(p, s, fi, chance, budget) {
             p.counters.windows_opened.fetch_add(1, Ordering::Relaxed);
             s.open.push(Win {
                 fi,
@@ -281,34 +291,50 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
     }
 }
 
-/// Switches function `fi`'s entry probes on and marks its counters for a
-/// window; whether it is armed.
-fn arm(p: &State, s: &Inner, fi: u32) -> bool {
+/// Switches function `fi`'s probes on for a window, exits first so that
+/// no timed entry misses its exit, marks its counters, and sets the chance
+/// of timing a call in it (`2^-chance`); whether it is armed.
+fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
     let Some(f) = p.funcs.get(fi) else { return false };
     if f.window.kind() != Kind::Windowed {
         return false;
     }
     p.open_counts(fi);
-    // Pairs with `super::switch_off`'s check.
-    f.window.gen.fetch_add(1, Ordering::SeqCst);
+    f.set_chance(chance, budget);
+    f.unmatched.store(0, Ordering::Relaxed);
     let mut toggles = 0;
     let mut skipped = false;
-    f.probes.for_each(|id, is_entry| {
-        if !is_entry {
-            return;
+    for entry in [false, true] {
+        if entry {
+            // Pairs with the fence in `handlers::reopened`.
+            f.closed.store(false, Ordering::SeqCst);
         }
-        let Some(probe) = registry::get(id) else { return };
-        if matches!(crate::is_active(id), Ok(true)) {
-            return;
-        }
-        if s.raw && crate::toggle::activation_needs_word_patch(probe) {
-            skipped = true;
-            return;
-        }
-        if crate::activate(id, s.entry).is_ok() {
-            toggles += 1;
-        }
-    });
+        f.probes.for_each(|id, is_entry| {
+            if is_entry != entry {
+                return;
+            }
+            // Exits that follow their entry need no switch.
+            if !entry && f.exits_follow_entry.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(probe) = registry::get(id) else { return };
+            if matches!(crate::is_active(id), Ok(true)) {
+                return;
+            }
+            if s.raw && crate::toggle::activation_needs_word_patch(probe) {
+                skipped = true;
+                return;
+            }
+            if crate::activate(id, if entry { s.entry } else { s.exit }).is_ok() {
+                if !entry {
+                    // Calls entered while it was off would otherwise look
+                    // watched from here on.
+                    p.exit_watch_changed(f);
+                }
+                toggles += 1;
+            }
+        });
+    }
     p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
     if skipped {
         p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
@@ -317,9 +343,10 @@ fn arm(p: &State, s: &Inner, fi: u32) -> bool {
 }
 
 /// Closes the open windows whose time is up (every one, with `all`):
-/// their counting stops, one reading of the clock ends them all, their
-/// probes go off, and each one's calls over its exposure join its
-/// function's estimate.
+/// their counting and timing stop, one reading of the clock ends them all,
+/// their entry probes go off (exit probes go off from their handlers once
+/// no timed call is in flight), and each one's calls over its exposure
+/// join its function's estimate.
 fn close(p: &State, s: &mut Inner, all: bool) {
     let now = tsc::now();
     let due = |w: &Win| all || w.until <= now;
@@ -329,6 +356,7 @@ fn close(p: &State, s: &mut Inner, all: bool) {
     for w in s.open.iter().filter(|w| due(w)) {
         if let Some(f) = p.funcs.get(w.fi) {
             f.window.set_open(false);
+            f.closed.store(true, Ordering::SeqCst);
         }
     }
     let end = s.exposure.advance(p);
@@ -368,13 +396,14 @@ fn close(p: &State, s: &mut Inner, all: bool) {
     }
 }
 
-/// Plans counting epoch `epoch`, beginning at `now` and lasting about
-/// `len` ticks: its windows' times. The windowed functions' probes go off
+/// Plans epoch `epoch`, beginning at `now` and lasting about `len` ticks:
+/// its windows' times, and the chance of timing a call in each, so that
+/// about [`Settings::samples`](super::Settings::samples) calls of each
+/// function are timed in the epoch. The windowed functions' probes go off
 /// until their windows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, regions: usize, tpn: f64, rng: &mut u64) {
+pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn: f64, rng: &mut u64) {
     idle(s, epoch);
-    s.counting = true;
+    s.planned = true;
     let threads = p
         .stores()
         .filter(|t| t.died.load(Ordering::Relaxed) == 0)
@@ -391,9 +420,9 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, reg
             // varies more from window to window), at about the same
             // counting cost.
             let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX);
-            s.order.push((fi, e.sizing_rate(), more));
-            // Off until its windows (a timing epoch left it on).
-            f.exhausted.store(true, Ordering::SeqCst);
+            s.order.push((fi, e.sizing_rate(), more, e.mean_calls()));
+            // Off until its windows (one counted whole until now has them on).
+            f.closed.store(true, Ordering::SeqCst);
             f.window.set_open(false);
             f.probes.for_each(|id, is_entry| {
                 if is_entry && crate::deactivate(id).is_ok() {
@@ -402,34 +431,47 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, reg
             });
         }
     }
+    let want = f64::from(p.settings.samples);
     for j in 0..s.order.len() {
-        let (fi, r, more) = s.order[j];
-        let k = (regions as f64 * more).round().max(1.0) as usize;
+        let (fi, r, more, per_window) = s.order[j];
+        let k = (p.settings.windows as f64 * more).round().max(1.0) as usize;
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
         let span = len.saturating_sub(wlen).max(1);
+        // The weights undo whatever chance is chosen; this one aims at the
+        // wanted timed calls over the epoch's windows, from the calls its
+        // recent windows held (a window's calls are what the hooks let
+        // run in it, which no rate of the program's own time predicts),
+        // or, before its first, from its rate.
+        let expected = if per_window > 0.0 {
+            per_window
+        } else {
+            r * threads * wlen as f64
+        };
+        let chance = choose::shift_for(expected, want / k as f64);
+        let budget = (want / k as f64).ceil() as u32;
         for _ in 0..k {
             if s.queue.len() >= MAX_PER_EPOCH {
                 break;
             }
             let at = now + next_random(rng) % span;
-            s.queue.push((at, fi, r, wlen));
+            s.queue.push((at, fi, r, wlen, chance, budget));
             p.counters.windows_planned.fetch_add(1, Ordering::Relaxed);
         }
     }
     s.queue.sort_unstable_by_key(|q| q.0);
 }
 
-/// Ends the counting epoch: open windows close now and the rest of the
+/// Ends the epoch: open windows close now and the rest of the
 /// queue is dropped.
 pub(crate) fn finish(p: &State, s: &mut Inner) {
     close(p, s, true);
     s.queue.clear();
     s.next = 0;
-    s.counting = false;
+    s.planned = false;
 }
 
 impl Inner {
-    /// Every windowed function folds the counting epoch just finished,
+    /// Every windowed function folds the epoch just finished,
     /// which spanned exposure `[self.epoch_x, x_now)`.
     pub(crate) fn fold(&mut self, p: &State, x_now: f64) {
         let from = self.epoch_x;

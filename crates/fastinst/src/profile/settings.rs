@@ -5,9 +5,10 @@ use std::time::Duration;
 /// Profiler settings, from the environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// Samples per function per window (K >= 2).
+    /// Calls timed per function per epoch, about (K >= 2): drawn at
+    /// random among its counted calls (`choose`).
     pub samples: u32,
-    /// Epoch between re-activations.
+    /// The epoch's mean length.
     pub epoch: Duration,
     /// Signal that writes the reports on demand (0: none).
     pub signal: i32,
@@ -35,7 +36,7 @@ pub struct Settings {
     /// Whether to take CPU samples for self time
     /// (`FASTINST_PROFILE_CPU`, default 1; see `cpusample`).
     pub cpu_samples: bool,
-    /// Counting windows per windowed function per counting epoch
+    /// Counting windows per windowed function per epoch
     /// (`FASTINST_PROFILE_WINDOWS`, default 2; see `schedule`): more
     /// windows, a tighter call estimate and more counting.
     pub windows: usize,

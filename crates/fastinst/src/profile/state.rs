@@ -2,7 +2,7 @@
 //! counters and clocks: what the handlers, the window schedule, the
 //! sampler and the report read.
 
-use super::exhausted::Exhausted;
+use super::due::Due;
 use super::functions::Func;
 use super::settings::Settings;
 use super::store::{Counters, ThreadStore};
@@ -26,7 +26,7 @@ pub(crate) struct State {
     pub(crate) by_addr: Mutex<thread::FxMap<usize, u32>>,
     /// The functions the sampler folds and re-arms at its next tick: those
     /// counted in the epoch, or whose window was closed.
-    pub(crate) due: Exhausted<FUNC_SEGMENTS>,
+    pub(crate) due: Due<FUNC_SEGMENTS>,
     /// Every thread's store, for readers that take no lock (the window
     /// schedule, the sampler).
     pub(crate) stores: Segmented<&'static ThreadStore, 256>,
@@ -119,19 +119,6 @@ pub(super) fn func_of(p: &'static State, id: ProbeId) -> Option<(&'static Func, 
     Some((p.funcs.get(fi)?, fi))
 }
 
-/// Whether epoch `e` counts calls (even epochs) or times them (odd).
-///
-/// The two are kept apart. Timing samples are heavy (their exits, and the
-/// exits of calls that were not sampled, are hooked too) and crowd the
-/// start of an epoch, when windows open; a window's rate, corrected only
-/// for its own calls' counting, read the bundled demo's calls 1.7 to 1.9
-/// times their count with both in one epoch. A counting epoch times
-/// nothing and runs its hooks without their clock.
-#[inline(always)]
-pub(crate) fn counting_epoch(e: u32) -> bool {
-    e.is_multiple_of(2)
-}
-
 /// TSC ticks per nanosecond, measured since the profiler started (the
 /// last figure while a report holds the start).
 pub(super) fn ticks_per_ns(p: &State) -> f64 {
@@ -146,6 +133,28 @@ pub(super) fn ticks_per_ns(p: &State) -> f64 {
     match f64::from_bits(p.tpn.load(Ordering::Relaxed)) {
         r if r > 0.0 => r,
         _ => 1.0,
+    }
+}
+
+impl State {
+    /// Stamps a switch of one of `f`'s exit probes (see
+    /// [`Frame::exit_gen`](super::thread::Frame::exit_gen)); if a sampled
+    /// call of `f` may be in flight, the paths through it may change too.
+    ///
+    /// Both steps are `SeqCst`, as is the entry's count-then-stamp: either
+    /// the entry reads the new stamp (its frame is unaffected), or this
+    /// reads its count and moves the path epoch. Most switches happen with
+    /// nothing in flight and leave every thread's kept path nodes valid.
+    pub(super) fn exit_watch_changed(&self, f: &Func) {
+        f.exit_gen.fetch_add(1, Ordering::SeqCst);
+        if f.outstanding.load(Ordering::SeqCst) > 0 {
+            self.paths_may_change();
+        }
+    }
+
+    /// Invalidates every path node kept in a shadow-stack frame.
+    pub(super) fn paths_may_change(&self) {
+        self.path_epoch.fetch_add(1, Ordering::SeqCst);
     }
 }
 

@@ -88,9 +88,21 @@ pub(crate) struct ThreadStore {
     /// Its program clock ([`crate::clock::ThreadClock`], as an address; 0
     /// until its first clocked hook).
     pub(crate) clock: std::sync::atomic::AtomicUsize,
+    /// Its generator's state for choosing which counted calls to time
+    /// ([`super::choose`]); only this thread touches it.
+    pub(crate) draws: AtomicU64,
 }
 
 impl ThreadStore {
+    /// This thread's next draw (on the owning thread, in a hook).
+    #[inline(always)]
+    pub(crate) fn draw(&self) -> u64 {
+        let mut state = self.draws.load(Ordering::Relaxed);
+        let r = super::choose::draw(&mut state);
+        self.draws.store(state, Ordering::Relaxed);
+        r
+    }
+
     /// Notes this thread's program clock (on the owning thread, in a hook).
     #[cold]
     pub(crate) fn link_clock(&self) {

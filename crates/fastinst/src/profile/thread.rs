@@ -48,6 +48,8 @@ pub(crate) struct Frame {
     pub h0: u64,
     /// Ticks spent in sampled direct children.
     pub child: u64,
+    /// The calls it stands for ([`super::choose::weight`]).
+    pub weight: u32,
     /// The function's [`Func::exit_gen`] when it was entered. If it has
     /// changed, an exit probe of the function was off for a while during
     /// this call, so the call may have returned unseen: it must not be
@@ -86,9 +88,16 @@ pub(crate) const MAX_DEPTH: usize = 512;
 #[derive(Clone)]
 #[repr(align(64))]
 pub(crate) struct FnAgg {
+    /// Timed calls.
     pub n: u64,
+    /// The calls they stand for (each its weight, see
+    /// [`super::choose`]), and the sum of the weights' squares (for the
+    /// mean's spread).
+    pub w: u64,
+    pub w2: u64,
+    /// Their durations, each times its weight.
     pub sum: u64,
-    /// Durations of the samples that were the outermost sampled
+    /// Weighted durations of the samples that were the outermost sampled
     /// activation of their function on their thread (a recursive
     /// function's nested activations are in them already), and how many
     /// samples were nested.
@@ -103,6 +112,8 @@ impl Default for FnAgg {
     fn default() -> Self {
         FnAgg {
             n: 0,
+            w: 0,
+            w2: 0,
             sum: 0,
             outer_sum: 0,
             nested: 0,
@@ -114,21 +125,28 @@ impl Default for FnAgg {
 }
 
 impl FnAgg {
-    pub(crate) fn record(&mut self, d: u64, outer: bool) {
+    /// Records a timed call of `d` ticks that stands for `w` calls.
+    pub(crate) fn record(&mut self, d: u64, outer: bool, w: u32) {
+        let w = u64::from(w);
         self.n += 1;
-        self.sum += d;
+        self.w += w;
+        self.w2 += w * w;
+        // Saturating: a sum past 2^64 ticks would be centuries of calls.
+        self.sum = self.sum.saturating_add(d.saturating_mul(w));
         if outer {
-            self.outer_sum += d;
+            self.outer_sum = self.outer_sum.saturating_add(d.saturating_mul(w));
         } else {
             self.nested += 1;
         }
         self.min = self.min.min(d);
         self.max = self.max.max(d);
-        self.hist.add(d);
+        self.hist.add_weighted(d, w);
     }
 
     pub(crate) fn merge(&mut self, o: &FnAgg) {
         self.n += o.n;
+        self.w += o.w;
+        self.w2 += o.w2;
         self.sum += o.sum;
         self.outer_sum += o.outer_sum;
         self.nested += o.nested;
@@ -149,12 +167,14 @@ const FOLD_AHEAD: usize = 8;
 
 /// A caller -> callee edge's samples on one thread: a call site (a return
 /// address, or an inlined copy's hook site), the callee's function index,
-/// the sampled calls and their ticks. One slot of an [`OpenTable`].
+/// the sampled calls, the calls they stand for, and their ticks (each
+/// times its weight). One slot of an [`OpenTable`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Edge {
     pub from: u64,
     pub func: u32,
     pub calls: u64,
+    pub w: u64,
     pub ticks: u64,
 }
 
@@ -165,6 +185,7 @@ impl Slot for Edge {
         from: 0,
         func: 0,
         calls: 0,
+        w: 0,
         ticks: 0,
     };
     #[inline(always)]
@@ -176,6 +197,7 @@ impl Slot for Edge {
             from,
             func,
             calls: 0,
+            w: 0,
             ticks: 0,
         }
     }
@@ -222,6 +244,8 @@ struct Logged {
     from: u64,
     dur: u64,
     self_ticks: u64,
+    /// The calls it stands for.
+    weight: u32,
     /// The outermost sampled activation of its function on its thread.
     outer: bool,
 }
@@ -230,9 +254,20 @@ impl Agg {
     /// Logs a sampled call of function `fi` that lasted `dur` ticks,
     /// `self_ticks` of them outside its sampled children, called from
     /// `from` (0: unknown), whose call path ends at `end` of
-    /// [`Agg::paths`]. True when the log should be [folded](Agg::fold).
+    /// [`Agg::paths`], and that stands for `weight` calls. True when the
+    /// log should be [folded](Agg::fold).
     #[inline]
-    pub(crate) fn log(&mut self, fi: u32, from: u64, dur: u64, self_ticks: u64, end: PathEnd, outer: bool) -> bool {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn log(
+        &mut self,
+        fi: u32,
+        from: u64,
+        dur: u64,
+        self_ticks: u64,
+        end: PathEnd,
+        outer: bool,
+        weight: u32,
+    ) -> bool {
         if self.pending.capacity() == 0 {
             self.pending.reserve_exact(FOLD_SAMPLES);
         }
@@ -243,6 +278,7 @@ impl Agg {
             from,
             dur,
             self_ticks,
+            weight,
             outer,
         });
         self.pending.len() >= FOLD_SAMPLES
@@ -284,15 +320,16 @@ impl Agg {
                 }
             }
             if let Some(s) = i.checked_sub(2 * FOLD_AHEAD).and_then(|j| log.get(j)) {
-                self.fns[s.func as usize].record(s.dur, s.outer);
+                self.fns[s.func as usize].record(s.dur, s.outer, s.weight);
                 // An edge needs to know its caller; before the function's
                 // extent is known (its first epoch) the sample has none.
                 if s.from != 0 {
                     let (e, _) = self.edges.get_or_insert((s.from, s.func));
                     e.calls += 1;
-                    e.ticks += s.dur;
+                    e.w += u64::from(s.weight);
+                    e.ticks = e.ticks.saturating_add(s.dur.saturating_mul(u64::from(s.weight)));
                 }
-                self.paths.add(s.node, s.self_ticks);
+                self.paths.add(s.node, s.self_ticks.saturating_mul(u64::from(s.weight)));
             }
         }
         // The log's buffer is reused.
@@ -537,6 +574,7 @@ mod tests {
                         t0: 0,
                         h0: 0,
                         child: 0,
+                        weight: 1,
                         exit_gen: funcs[fi as usize].exit_gen.load(Ordering::Relaxed),
                         node: NO_NODE,
                         node_epoch: 0,

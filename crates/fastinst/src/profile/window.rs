@@ -6,15 +6,15 @@
 //!   counting them costs less than scheduling windows.
 //! - *windowed*: only inside counting windows, stretches of time that the
 //!   schedule (`super::schedule`) fixes before they begin, placed at random
-//!   in the counting epochs. Calls inside a window are counted exactly;
+//!   in the epochs. Calls inside a window are counted exactly;
 //!   the rest are estimated from them.
 //!
 //! The estimate is in *exposure*: the program's own time summed over its
 //! threads (`super::exposure`), wall time less the hooks' time. A window's
 //! `n` calls over its exposure `x` is a rate; an epoch's windows give the
 //! ratio `R = sum n / sum x`, the epoch's calls are `R P` for its exposure
-//! `P`, and the exposure between two epochs with windows (the timing epoch
-//! between them, or an epoch where the function got no window) is split
+//! `P`, and the exposure between two epochs with windows (an epoch where
+//! the function got no window) is split
 //! half and half between their rates. So each stretch of time is estimated
 //! from the windows nearest it.
 //!
@@ -68,9 +68,6 @@ pub(crate) struct Window {
     kind: AtomicU8,
     /// Its window is open: its calls are counted.
     open: AtomicBool,
-    /// Bumped each time the sampler arms the function (see
-    /// `super::switch_off`).
-    pub gen: AtomicU64,
     /// The last epoch a whole function counted a call in (its first count
     /// of an epoch hands it to the sampler).
     pub counted_epoch: AtomicU32,
@@ -87,7 +84,7 @@ unsafe impl Sync for Window {}
 /// The estimate's state.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Estimate {
-    /// The running counting epoch's windows: sums of `n`, `x`, `n^2`,
+    /// The running epoch's windows: sums of `n`, `x`, `n^2`,
     /// `n x`, `x^2`, and how many.
     n: f64,
     x: f64,
@@ -139,7 +136,6 @@ impl Window {
         Window {
             kind: AtomicU8::new(Kind::Whole as u8),
             open: AtomicBool::new(false),
-            gen: AtomicU64::new(0),
             counted_epoch: AtomicU32::new(u32::MAX),
             overflow_at: AtomicU64::new(0),
             est: UnsafeCell::new(Estimate::default()),
@@ -194,7 +190,7 @@ impl Window {
 }
 
 impl Estimate {
-    /// Adds a window of the running counting epoch: `n` calls in `x` of
+    /// Adds a window of the running epoch: `n` calls in `x` of
     /// exposure.
     pub(crate) fn add_window(&mut self, n: u64, x: f64) {
         if x <= 0.0 {
@@ -214,7 +210,7 @@ impl Estimate {
         self.windows += 1;
     }
 
-    /// Folds a counting epoch that spanned exposure `[from, to)`, with the
+    /// Folds an epoch that spanned exposure `[from, to)`, with the
     /// windows added since the last fold. An epoch without windows folds
     /// nothing: its time waits for the next rate.
     pub(crate) fn fold_epoch(&mut self, from: f64, to: f64) {
@@ -473,7 +469,7 @@ mod tests {
         };
         e.go_windowed(1000.0, 0.01);
         assert_eq!(e.sizing_rate(), 0.01);
-        // A counting epoch [1000, 2000) whose windows read 0.02.
+        // An epoch [1000, 2000) whose windows read 0.02.
         e.add_window(2, 100.0);
         e.fold_epoch(1000.0, 2000.0);
         let (calls, _, exact) = e.calls(2000.0, true, 0.0);

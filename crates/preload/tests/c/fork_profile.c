@@ -1,5 +1,7 @@
-/* A function whose sampling quota filled just before fork is sampled in the
- * child too: the child's profile counts the child's own calls. */
+/* A function whose entry probe is off at the fork (5,000 calls in one long
+ * epoch: counted whole past its overflow, 64 calls a thread per 10 ms of
+ * epoch) is sampled in the child too: the child's profile counts the
+ * child's own calls. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -15,8 +17,9 @@ __attribute__((noinline)) long work(int n) {
 
 int main(void) {
     long s = 0;
-    /* Fills work's quota: its entry probe is off when the process forks. */
-    for (int i = 0; i < 1000; i++) s += work(100);
+    /* Past work's whole-count overflow: its entry probe is off when the
+     * process forks. */
+    for (int i = 0; i < 5000; i++) s += work(100);
     fflush(stdout);
     pid_t p = fork();
     if (p == 0) {

@@ -1,8 +1,8 @@
-/* Windows that fill at every phase of the sampler's epoch, for the re-arm
+/* Windows that open and close at every phase of the calls, for the re-arm
  * races: four threads call eight functions in turn, each spinning a
- * different fraction of a microsecond to a few, so each function's quota
- * fills on one thread while the others are about to enter it, at no fixed
- * point of the sampler's short epochs. Every function is called
+ * different fraction of a microsecond to a few, so each function's window
+ * opens or closes on one thread while the others are about to enter or
+ * leave it, at no fixed point of the sampler's short epochs. Every function is called
  * THREADS x ROUNDS times; stdout says so (deterministic). */
 #include <pthread.h>
 #include <stdio.h>

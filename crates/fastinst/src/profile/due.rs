@@ -1,6 +1,7 @@
-//! The functions whose quota filled since the sampler last looked: a bitmap
-//! with a bit per function, set by the entry handler that fills a quota and
-//! taken whole, word by word, by the sampler.
+//! The functions counted whole that were called since the sampler last
+//! looked: a bitmap with a bit per function, set by the entry handler of a
+//! function's first counted call of an epoch and taken whole, word by word,
+//! by the sampler, which folds those functions' counts.
 //!
 //! The sampler once scanned every function each epoch to find these (a
 //! miss per function, 3,700 on SQLite, a hundred times a second); then it
@@ -15,17 +16,16 @@
 //!
 //! Layout: a block of [`WORDS`] words per segment of the function table
 //! ([`SEG`] functions), made when the segment's first function is
-//! discovered ([`Exhausted::reserve`]), never freed, and a summary word per
+//! discovered ([`Due::reserve`]), never freed, and a summary word per
 //! segment whose bit `w` says that word `w` may have a bit set. A push sets
 //! the function's bit, then the word's summary bit; a take swaps a summary
 //! to zero, then each word it names. A push whose summary bit lands after
 //! the take swapped that summary leaves its function bit for the next
 //! take (if this take did not find it through another bit of the same
 //! word): a function is handed over late by at most one epoch, never lost,
-//! and never twice for one push. A function is pushed once per window (the
-//! call that makes its count exactly K), and only the sampler reopens
-//! windows, after its take cleared the bit, so no push of a reopened
-//! window can be swallowed by the take that reopens it. A take is an
+//! and never twice for one push. A function is pushed by the first count
+//! of each epoch (threads that count it together may push it twice, which
+//! one take hands over once). A take is an
 //! iterator that swaps each word as it reaches it; dropped before its end,
 //! it puts back what it swapped out and did not hand over.
 
@@ -38,23 +38,23 @@ const _: () = assert!(WORDS == 64, "a summary word has a bit per word of the blo
 
 type Block = [AtomicU64; WORDS];
 
-/// The exhausted functions of a function table of at most `N` segments
+/// The due functions of a function table of at most `N` segments
 /// (`Segmented<Func, N>`).
-pub(crate) struct Exhausted<const N: usize> {
+pub(crate) struct Due<const N: usize> {
     blocks: [AtomicPtr<Block>; N],
     summary: [AtomicU64; N],
 }
 
-impl<const N: usize> Default for Exhausted<N> {
+impl<const N: usize> Default for Due<N> {
     fn default() -> Self {
-        Exhausted {
+        Due {
             blocks: [const { AtomicPtr::new(std::ptr::null_mut()) }; N],
             summary: [const { AtomicU64::new(0) }; N],
         }
     }
 }
 
-impl<const N: usize> Exhausted<N> {
+impl<const N: usize> Due<N> {
     /// Makes room for function `fi`'s bit. Called when the function is
     /// discovered, before any handler can push it (its probes are switched
     /// on after); callers serialise calls (discovery's lock). Allocates at
@@ -77,7 +77,7 @@ impl<const N: usize> Exhausted<N> {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Hands function `fi`, whose quota just filled, to the next take.
+    /// Hands function `fi` to the next take.
     /// Whether it could: `false` only for a function never
     /// [`reserve`](Self::reserve)d, a bug the caller reports.
     pub(crate) fn push(&self, fi: u32) -> bool {
@@ -85,7 +85,7 @@ impl<const N: usize> Exhausted<N> {
         let Some(block) = self.block(seg) else { return false };
         let w = (fi as usize & (SEG - 1)) / 64;
         // Release: the take that finds the bit sees what the handler wrote
-        // before it (the window's K-th call, `exhausted`).
+        // before it (its epoch's first count).
         block[w].fetch_or(1 << (fi % 64), Ordering::Release);
         self.summary[seg].fetch_or(1 << w, Ordering::Release);
         true
@@ -94,7 +94,7 @@ impl<const N: usize> Exhausted<N> {
     /// Takes every function pushed so far, `len` being the function
     /// table's length, as an iterator in index order. Each word is swapped
     /// to zero once, when the iterator reaches it: a function pushed again
-    /// behind it (its window reopened meanwhile) waits for the next take,
+    /// behind it (counted in the next epoch meanwhile) waits for the next take,
     /// so one take hands a function over at most once, as a snapshot
     /// would. It allocates nothing.
     pub(crate) fn take(&self, len: u32) -> Taken<'_, N> {
@@ -120,9 +120,9 @@ impl<const N: usize> Exhausted<N> {
     }
 }
 
-/// The functions [`Exhausted::take`] takes.
+/// The functions [`Due::take`] takes.
 pub(crate) struct Taken<'a, const N: usize> {
-    e: &'a Exhausted<N>,
+    e: &'a Due<N>,
     /// Segments to look at.
     segs: usize,
     /// The segment being taken (`None` before the first).
@@ -189,13 +189,13 @@ impl<const N: usize> Drop for Taken<'_, N> {
 mod tests {
     use super::*;
 
-    fn take_all<const N: usize>(e: &Exhausted<N>, len: u32) -> Vec<u32> {
+    fn take_all<const N: usize>(e: &Due<N>, len: u32) -> Vec<u32> {
         e.take(len).collect()
     }
 
     #[test]
     fn every_push_is_taken_once_across_threads_and_segments() {
-        let e = std::sync::Arc::new(Exhausted::<4>::default());
+        let e = std::sync::Arc::new(Due::<4>::default());
         let len = 3 * SEG as u32 + 10;
         for fi in 0..len {
             e.reserve(fi);
@@ -217,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_take_taken_in_parts_hands_each_function_once() {
-        let e = Exhausted::<2>::default();
+        let e = Due::<2>::default();
         let len = SEG as u32 + 100;
         for fi in 0..len {
             e.reserve(fi);
@@ -228,8 +228,8 @@ mod tests {
         }
         let mut taken = e.take(len);
         let first: Vec<u32> = taken.by_ref().take(70).collect();
-        // Pushed again behind the iterator (a window reopened and filled
-        // within the epoch): left for the next take.
+        // Pushed again behind the iterator (counted again in the next
+        // epoch while the sampler takes): left for the next take.
         e.push(0);
         e.push(pushed[69]);
         let rest: Vec<u32> = taken.collect();
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn pushes_while_taking_are_taken_exactly_once() {
-        let e = std::sync::Arc::new(Exhausted::<2>::default());
+        let e = std::sync::Arc::new(Due::<2>::default());
         let len = 2 * SEG as u32;
         for fi in 0..len {
             e.reserve(fi);
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn an_unreserved_function_is_refused_and_clear_forgets() {
-        let e = Exhausted::<2>::default();
+        let e = Due::<2>::default();
         assert!(!e.push(5));
         e.reserve(5);
         assert!(e.push(5));
