@@ -22,6 +22,13 @@ pub enum Method {
     /// Negative control: a straddler written as two plain stores, back part
     /// then front part, with no INT3 lock and no wait. Must fail.
     WordNaive,
+    /// Negative control for every callpatch form: the whole instruction
+    /// rewritten between its active bytes and a short jump over INT3 filler
+    /// (they differ in every byte; callpatch's own inactive bytes differ on
+    /// one side of the line only, which is how it needs no wait) as two
+    /// plain stores, back part then front part. Must fail at every straddle
+    /// split.
+    CallNaive,
     /// callpatch, paper mode.
     CallPaper,
     /// callpatch, flip mode.
@@ -32,12 +39,13 @@ impl Method {
     /// Whether the strategy toggles call sites of `form` (wordpatch
     /// strategies toggle `call rel32` against a NOP).
     pub fn supports(self, form: Form) -> bool {
-        matches!(self, Method::CallPaper | Method::CallFlip) || form == Form::CallRel32
+        matches!(self, Method::CallPaper | Method::CallFlip | Method::CallNaive) || form == Form::CallRel32
     }
 
-    /// Whether the strategy is a callpatch mode (no waits at any split).
+    /// Whether the strategy toggles through a callpatch call site (no waits
+    /// at any split; the control writes its bytes its own way).
     pub fn is_callpatch(self) -> bool {
-        matches!(self, Method::CallPaper | Method::CallFlip)
+        matches!(self, Method::CallPaper | Method::CallFlip | Method::CallNaive)
     }
 }
 
@@ -49,6 +57,7 @@ impl fmt::Display for Method {
             Method::WordAsync(Wait::Tmax(t)) => write!(f, "word-async:{t}"),
             Method::WordAsync(Wait::SyncCore) => write!(f, "word-async-synccore"),
             Method::WordNaive => write!(f, "word-naive"),
+            Method::CallNaive => write!(f, "call-naive"),
             Method::CallPaper => write!(f, "call-paper"),
             Method::CallFlip => write!(f, "call-flip"),
         }
@@ -69,12 +78,13 @@ impl FromStr for Method {
             "word-async" => Method::WordAsync(tmax()),
             "word-async-synccore" => Method::WordAsync(Wait::SyncCore),
             "word-naive" => Method::WordNaive,
+            "call-naive" => Method::CallNaive,
             "call-paper" => Method::CallPaper,
             "call-flip" => Method::CallFlip,
             _ => {
                 return Err(format!(
                     "unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-async-synccore, \
-                     word-naive, call-paper, call-flip)"
+                     word-naive, call-paper, call-flip, call-naive)"
                 ))
             }
         })
@@ -97,7 +107,7 @@ impl Toggler {
             return Err(format!("{strategy} does not toggle {:?} sites", fx.form));
         }
         let call = match strategy {
-            Method::CallPaper | Method::CallFlip => {
+            Method::CallPaper | Method::CallFlip | Method::CallNaive => {
                 // SAFETY: the fixture's site is a call of this form to `A`,
                 // which follows the C ABI, and this toggler owns its
                 // toggling.
@@ -170,23 +180,48 @@ impl Toggler {
                 }
                 Ok(())
             }
-            Method::WordNaive => {
-                let addr = self.site as usize;
-                let s = wordpatch::split(addr, new.len());
-                if s == 0 {
-                    // SAFETY: each store stays inside one line of the
-                    // fixture's writable page. Tearing the straddler is this
-                    // control's point.
-                    unsafe { store_in_line(self.site, new, None) }.map_err(|_| "store".to_string())?;
+            Method::WordNaive => naive_store(self.site, new),
+            Method::CallNaive => {
+                let call = self.call.as_ref().expect("call site prepared");
+                let active = call.on();
+                if on {
+                    naive_store(self.site, active)
                 } else {
-                    // SAFETY: as above.
-                    unsafe {
-                        store_in_line((addr + s) as *mut u8, &new[s..], None).map_err(|_| "store".to_string())?;
-                        store_in_line(self.site, &new[..s], None).map_err(|_| "store".to_string())?;
-                    }
+                    naive_store(self.site, &jump_over(active.len())[..active.len()])
                 }
-                Ok(())
             }
         }
     }
+}
+
+/// The control's inactive instruction of `len` bytes: a short jump over
+/// the rest, which is INT3. It differs from every form's active bytes in
+/// every byte, so on the way off each torn mixture (the active front with
+/// the filler's back) is a call or jump whose operand's high bytes are
+/// `CC`, far outside the fixture: a crash at every split.
+fn jump_over(len: usize) -> [u8; 8] {
+    let mut b = [0xCC; 8];
+    b[0] = 0xEB;
+    b[1] = (len - 2) as u8;
+    b
+}
+
+/// Writes `new` at `site` as two plain stores where it straddles a line,
+/// back part then front part: no lock and no wait, so an executor can run
+/// the front of one instruction with the back of the other.
+fn naive_store(site: *mut u8, new: &[u8]) -> Result<(), String> {
+    let addr = site as usize;
+    let s = wordpatch::split(addr, new.len());
+    if s == 0 {
+        // SAFETY: each store stays inside one line of the fixture's
+        // writable page. Tearing the straddler is this control's point.
+        unsafe { store_in_line(site, new, None) }.map_err(|_| "store".to_string())?;
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            store_in_line((addr + s) as *mut u8, &new[s..], None).map_err(|_| "store".to_string())?;
+            store_in_line(site, &new[..s], None).map_err(|_| "store".to_string())?;
+        }
+    }
+    Ok(())
 }

@@ -20,8 +20,8 @@ commands:
 
 run options:
   --strategies LIST   word-synccore,word-async-synccore,word-tmax[:T],
-                      word-async[:T],word-naive,call-paper,call-flip
-                      (default: all but word-naive)
+                      word-async[:T],word-naive,call-paper,call-flip,
+                      call-naive (default: all but the two naive controls)
   --forms LIST        call,ind,jmp,jmpind (default: all the strategy supports)
   --splits LIST       e.g. 0,1,2 (default: every split of the form)
   --executors N       executor threads (default: max(2, cores))
