@@ -451,6 +451,66 @@ fn every_command_has_help() {
     }
 }
 
+/// `fastinst calibrate` for real, through the CLI: `--show` names the
+/// built-in wait where no config exists; a short sweep (two waits at one
+/// split, one trial each, every trial a forked child) prints the failure
+/// table and a recommendation and writes the config and the plot where
+/// asked; `--show` then reads that config back; and `--no-write` writes
+/// none.
+#[test]
+fn calibrate_writes_a_config_that_show_reads_back() {
+    let dir = scratch("calibrate");
+    let cfg = dir.join("machine.toml");
+    let o = fastinst_with(&["calibrate", "--show"], &dir, &[("FASTINST_CONFIG", &cfg)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("(from BuiltIn)"), "{}", text(&o.stdout));
+    let svg = dir.join("cal.svg");
+    let sweep = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "calibrate",
+            "--waits",
+            "0,3000",
+            "--splits",
+            "2",
+            "--executors",
+            "2",
+            "--trials",
+            "1",
+            "--seconds",
+            "0.2",
+            "--out",
+        ];
+        args.push(out.to_str().unwrap());
+        args.extend(["--svg", svg.to_str().unwrap()]);
+        args.extend(extra);
+        let o = fastinst(&args, &dir);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let out = sweep(&cfg, &[]);
+    for want in [
+        "Failures per wait W and split S",
+        "S=2",
+        "recommended: wait = ",
+        "config: ",
+    ] {
+        assert!(out.contains(want), "no `{want}` in:\n{out}");
+    }
+    let written = std::fs::read_to_string(&cfg).expect("the config was written");
+    assert!(
+        written.contains("wait = ") && written.contains("waits_tested = \"0,3000\""),
+        "{written}"
+    );
+    assert!(std::fs::read_to_string(&svg).expect("the plot").contains("<svg"));
+    let o = fastinst_with(&["calibrate", "--show"], &dir, &[("FASTINST_CONFIG", &cfg)]);
+    assert!(text(&o.stdout).contains("(from Config("), "{}", text(&o.stdout));
+    let other = dir.join("other.toml");
+    let out = sweep(&other, &["--no-write"]);
+    assert!(out.contains("recommended: "), "{out}");
+    assert!(!other.exists(), "--no-write wrote {}", other.display());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_reader_that_stops_early_is_not_an_error() {
     use std::os::fd::FromRawFd;

@@ -13,11 +13,19 @@ pub const LIMIT: Duration = Duration::from_secs(180);
 /// `fastinst args` run in `dir`, without the caller's `FASTINST_LIB` and
 /// `FASTINST_OUT`.
 pub fn fastinst(args: &[&str], dir: &Path) -> Output {
+    fastinst_with(args, dir, &[])
+}
+
+/// [`fastinst`] with `env` set besides.
+pub fn fastinst_with(args: &[&str], dir: &Path, env: &[(&str, &Path)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fastinst"));
     c.args(args)
         .current_dir(dir)
         .env_remove("FASTINST_LIB")
         .env_remove("FASTINST_OUT");
+    for (k, v) in env {
+        c.env(k, v);
+    }
     testkit::output_within(c, LIMIT, &format!("fastinst {}", args.join(" ")))
 }
 
