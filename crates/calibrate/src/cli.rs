@@ -154,6 +154,12 @@ fn show() -> ExitCode {
         "wordpatch default wait: {w:?} (from {src:?}); T_max for Tmax waits: {}",
         wordpatch::default_tmax()
     );
+    if src == wordpatch::WaitSource::Unproven {
+        println!(
+            "no wait is proven on this machine: a straddler patch that takes the default is refused \
+             (`fastinst calibrate` writes a config that names one; `--check` stresses the T_max above)"
+        );
+    }
     ExitCode::SUCCESS
 }
 

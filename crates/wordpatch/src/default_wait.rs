@@ -4,7 +4,7 @@
 
 use crate::config::{config_path, MachineConfig};
 use crate::wait::{ensure_sync_core, Wait, BUILTIN_TMAX};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// Where the process-wide default wait came from.
@@ -16,11 +16,20 @@ pub enum WaitSource {
     Env,
     /// The machine config file at this path.
     Config(std::path::PathBuf),
-    /// [`BUILTIN_TMAX`].
+    /// SyncCore, which the kernel has: the built-in default.
     BuiltIn,
+    /// Nothing: the kernel lacks SyncCore (or `FASTINST_SYNC_CORE=0` says
+    /// to act as if it did) and neither the environment nor a machine
+    /// config names a wait. The wait is [`BUILTIN_TMAX`] for explicit
+    /// callers, and a straddler patch that leaves its wait to the default
+    /// is refused ([`Error::NoProvenWait`](crate::Error::NoProvenWait)):
+    /// INT3 + T_max at 3000 ticks has torn straddlers on this project's own
+    /// VM, and a torn patch crashes the program.
+    Unproven,
 }
 
 static DEFAULT: OnceLock<(Wait, WaitSource)> = OnceLock::new();
+static UNPROVEN: AtomicBool = AtomicBool::new(false);
 static OVERRIDE_KIND: AtomicU8 = AtomicU8::new(0); // 0 none, 1 tmax, 2 synccore
 static OVERRIDE_TICKS: AtomicU64 = AtomicU64::new(0);
 
@@ -38,8 +47,9 @@ pub fn set_default_wait(w: Wait) {
 /// The process-wide default wait and where it came from. Resolved once, in
 /// order: [`set_default_wait`]; env `FASTINST_WAIT` / `FASTINST_TMAX`; the
 /// machine config ([`config_path`]); else [`Wait::SyncCore`] where the kernel
-/// has it, [`Wait::Tmax`]`(`[`BUILTIN_TMAX`]`)` where it does not. An invalid
-/// env value or config file is reported once on stderr and skipped.
+/// has it, and where it does not, no proven wait ([`WaitSource::Unproven`]:
+/// straddler patches that take the default are refused). An invalid env
+/// value or config file is reported once on stderr and skipped.
 ///
 /// Why SyncCore without a calibration: it is the only protocol the vendors
 /// bless, and on this project's VM the stress harness saw rare torn
@@ -55,12 +65,16 @@ pub fn default_wait() -> (Wait, WaitSource) {
     DEFAULT.get_or_init(resolve).clone()
 }
 
-/// [`default_wait`]'s strategy alone, without cloning its source: the patch path's version.
-pub(crate) fn default_wait_copy() -> Wait {
+/// [`default_wait`]'s strategy alone, without cloning its source: the patch
+/// path's version. `None` where the default is [`WaitSource::Unproven`].
+pub(crate) fn default_wait_copy() -> Option<Wait> {
     match OVERRIDE_KIND.load(Ordering::Acquire) {
-        1 => Wait::Tmax(OVERRIDE_TICKS.load(Ordering::Relaxed)),
-        2 => Wait::SyncCore,
-        _ => DEFAULT.get_or_init(resolve).0,
+        1 => Some(Wait::Tmax(OVERRIDE_TICKS.load(Ordering::Relaxed))),
+        2 => Some(Wait::SyncCore),
+        _ => {
+            let w = DEFAULT.get_or_init(resolve).0;
+            (!UNPROVEN.load(Ordering::Relaxed)).then_some(w)
+        }
     }
 }
 
@@ -95,7 +109,10 @@ fn resolve() -> (Wait, WaitSource) {
     }
     match ensure_sync_core() {
         Ok(()) => (Wait::SyncCore, WaitSource::BuiltIn),
-        Err(_) => (Wait::Tmax(BUILTIN_TMAX), WaitSource::BuiltIn),
+        Err(_) => {
+            UNPROVEN.store(true, Ordering::Relaxed);
+            (Wait::Tmax(BUILTIN_TMAX), WaitSource::Unproven)
+        }
     }
 }
 

@@ -33,6 +33,15 @@ pub enum Error {
         /// The table's capacity.
         limit: usize,
     },
+    /// A straddler patch left its wait to the default, and no wait is
+    /// proven safe here ([`WaitSource::Unproven`](crate::WaitSource::Unproven)).
+    #[error(
+        "site {site:#x} straddles a cache line and no wait is proven safe on this machine (no membarrier SYNC_CORE, no machine config): run `fastinst calibrate`, or set FASTINST_WAIT=tmax:TICKS to accept an unproven wait"
+    )]
+    NoProvenWait {
+        /// The straddling site.
+        site: usize,
+    },
     /// Another straddling patch holds the INT3 lock on this very site.
     #[error("site {site:#x} is locked by another patch in flight")]
     SiteLocked {

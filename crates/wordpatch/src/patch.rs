@@ -214,7 +214,10 @@ unsafe fn start(site: *mut u8, new: &[u8], opts: &PatchOptions<'_>) -> Result<St
     if new[0] == INT3 {
         return Err(Error::StartsWithInt3 { site: addr });
     }
-    let wait = opts.wait.unwrap_or_else(default_wait_copy);
+    let wait = match opts.wait.or_else(default_wait_copy) {
+        Some(w) => w,
+        None => return Err(Error::NoProvenWait { site: addr }),
+    };
     if wait == Wait::SyncCore {
         ensure_sync_core()?;
     }

@@ -68,6 +68,9 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 pub fn ensure_sync_core() -> Result<(), Error> {
     REGISTERED
         .get_or_init(|| {
+            if std::env::var("FASTINST_SYNC_CORE").is_ok_and(|v| matches!(v.trim(), "0" | "off")) {
+                return Err("turned off by FASTINST_SYNC_CORE".into());
+            }
             let q = membarrier(MEMBARRIER_CMD_QUERY);
             if q < 0 {
                 return Err(format!("membarrier query failed: {}", std::io::Error::last_os_error()));

@@ -394,12 +394,12 @@ fn default_wait_has_a_source() {
     let (w, src) = default_wait();
     match src {
         WaitSource::BuiltIn => {
-            let expect = if ensure_sync_core().is_ok() {
-                Wait::SyncCore
-            } else {
-                Wait::Tmax(BUILTIN_TMAX)
-            };
-            assert_eq!(w, expect);
+            assert!(ensure_sync_core().is_ok());
+            assert_eq!(w, Wait::SyncCore);
+        }
+        WaitSource::Unproven => {
+            assert!(ensure_sync_core().is_err());
+            assert_eq!(w, Wait::Tmax(BUILTIN_TMAX));
         }
         // The other sources are each checked by their effect in
         // tests/settings.rs; here, that the source named is there.
