@@ -522,9 +522,21 @@ pub fn read_counts(dir: &Path) -> Result<BTreeMap<String, u64>> {
     Ok(m)
 }
 
-/// A report (JSON) written under `dir` with file name prefix `prefix`.
+/// The report (JSON) written under `dir` as `{prefix}.{pid}.json` (not
+/// the trace's `{prefix}.{pid}.timeline.json`).
 pub fn read_report(dir: &Path, prefix: &str) -> Result<fastinst::profile::report::Report> {
-    let file = find(dir, &format!("{prefix}."), ".json")?;
+    let rd = std::fs::read_dir(dir).map_err(EvalError::io(dir))?;
+    let file = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(prefix)
+                    .and_then(|rest| rest.strip_prefix('.'))
+                    .and_then(|rest| rest.strip_suffix(".json"))
+                    .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .ok_or_else(|| EvalError::Tool(format!("no {prefix}.PID.json in {}", dir.display())))?;
     crate::read_json(&file, prefix)
 }
 

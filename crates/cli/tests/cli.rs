@@ -572,6 +572,59 @@ fn every_run_option_reaches_the_runtime() {
         .expect("work traced");
     assert_eq!(work["calls_estimated"].as_f64(), Some(3000.0));
     assert_eq!(work["calls_exact"].as_bool(), Some(true));
+    // ... and its timeline: a slice per call up to its bound (100,000 by
+    // default; fib makes 2.4 M calls), the rest counted as dropped; the
+    // bound is FASTINST_TRACE_EVENTS.
+    let calls: u64 = j["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["calls_estimated"].as_f64().unwrap() as u64)
+        .sum();
+    let timeline = |dir: &Path| {
+        json(
+            &reports(dir, "fastinst-trace.")
+                .into_iter()
+                .find(|p| p.to_string_lossy().ends_with(".timeline.json"))
+                .expect("the trace's timeline"),
+        )
+    };
+    let slices = |tl: &serde_json::Value| {
+        tl["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .count() as u64
+    };
+    let tl = timeline(&dir.join("trace"));
+    assert_eq!(slices(&tl), calls.min(100_000), "{calls} calls");
+    // Calls nest: any two slices of a thread are disjoint or one holds the
+    // other (to within the file's nanosecond rounding).
+    let mut open: Vec<(f64, f64)> = Vec::new();
+    for e in tl["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
+        let (ts, end) = (
+            e["ts"].as_f64().unwrap(),
+            e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap(),
+        );
+        while open.last().is_some_and(|&(_, pe)| pe <= ts + 0.002) {
+            open.pop();
+        }
+        if let Some(&(ps, pe)) = open.last() {
+            assert!(ps <= ts && end <= pe + 0.002, "{e} overlaps the slice [{ps}, {pe}]");
+        }
+        open.push((ts, end));
+    }
+    assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - slices(&tl)));
+    let o = fastinst_with(
+        &["run", "--tool", "trace", "--out", "trace100", "--", app_s],
+        &dir,
+        &[("FASTINST_TRACE_EVENTS", Path::new("100"))],
+    );
+    ok(&o);
+    let tl = timeline(&dir.join("trace100"));
+    assert_eq!(slices(&tl), 100);
+    assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - 100));
     // --tool off: the program runs, nothing is written.
     let o = fastinst(&["run", "--tool", "off", "--out", "off", "--", app_s], &dir);
     ok(&o);

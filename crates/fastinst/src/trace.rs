@@ -26,6 +26,11 @@
 //! Calls still open when their thread exits, or when the process writes
 //! the report at exit (`main`, thread bodies), are closed then, and counted
 //! as such.
+//!
+//! It also keeps a timeline: each call as a slice on its thread's track,
+//! written as Chrome trace-event JSON for Perfetto
+//! (`fastinst_report::timeline`), the first `FASTINST_TRACE_EVENTS` calls
+//! to end (default 100,000; 0: none), and how many more there were.
 
 use crate::clock;
 use crate::hooks;
@@ -34,10 +39,11 @@ use crate::profile::hist::Hist;
 use crate::profile::report::{EdgeRow, FunctionRow, Overhead, Report, SettingsOut, Stacks};
 use crate::registry;
 use crate::segmented::Segmented;
+use fastinst_report::timeline::{self, Slice, Timeline, Track};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use wordpatch::tsc;
@@ -100,6 +106,8 @@ struct State {
     unmatched: u64,
     abandoned: u64,
     too_deep: u64,
+    /// Its calls for the timeline, as they ended.
+    slices: Vec<Slice>,
 }
 
 struct Thread {
@@ -118,6 +126,30 @@ pub(crate) struct Tracer {
     start: Mutex<(u64, Instant)>,
     out: PathBuf,
     program: String,
+    /// Slices the timeline may still take (below 0: full), and the calls
+    /// that ended after it was full.
+    slices_left: AtomicI64,
+    slices_dropped: AtomicU64,
+}
+
+/// Calls the timeline keeps unless `FASTINST_TRACE_EVENTS` says otherwise:
+/// ~32 bytes each in memory, ~120 in the file.
+pub const TIMELINE_CALLS: i64 = 100_000;
+
+/// The timeline's bound: `FASTINST_TRACE_EVENTS`, else [`TIMELINE_CALLS`].
+fn timeline_calls() -> i64 {
+    match crate::env::var("FASTINST_TRACE_EVENTS") {
+        Some(v) => match v.trim().parse::<i64>() {
+            Ok(n) if n >= 0 => n,
+            _ => {
+                crate::log::error(format_args!(
+                    "FASTINST_TRACE_EVENTS: `{v}` is not a count of calls; using {TIMELINE_CALLS}"
+                ));
+                TIMELINE_CALLS
+            }
+        },
+        None => TIMELINE_CALLS,
+    }
 }
 
 static TRACER: OnceLock<Tracer> = OnceLock::new();
@@ -138,6 +170,8 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         start: Mutex::new((tsc::now(), Instant::now())),
         out: out.to_path_buf(),
         program: std::env::args().next().unwrap_or_default(),
+        slices_left: AtomicI64::new(timeline_calls()),
+        slices_dropped: AtomicU64::new(0),
     });
     if fresh.is_err() {
         return Ok(());
@@ -264,6 +298,18 @@ impl State {
         }
         if at_exit {
             a.open_at_exit += 1;
+        }
+        if let Some(t) = get() {
+            if t.slices_left.fetch_sub(1, Ordering::Relaxed) > 0 {
+                self.slices.push(Slice {
+                    func: fr.func,
+                    start: fr.t0,
+                    end: t1,
+                    own: d,
+                });
+            } else {
+                t.slices_dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
         let (pf, pouter) = parent.unwrap_or((u32::MAX, false));
         let e = self.edges.entry((pf, fr.func)).or_default();
@@ -393,11 +439,13 @@ pub(crate) fn fork_child() {
             ..State::default()
         };
     }
+    t.slices_left.store(timeline_calls(), Ordering::Relaxed);
+    t.slices_dropped.store(0, Ordering::Relaxed);
     *t.start.lock() = (tsc::now(), Instant::now());
 }
 
-/// Writes `fastinst-trace.<pid>.{txt,json}` under the output directory
-/// and says where; calls still open are closed now.
+/// Writes `fastinst-trace.<pid>.{txt,json,timeline.json}` under the output
+/// directory and says where; calls still open are closed now.
 pub(crate) fn write_reports() {
     let Some(t) = get() else { return };
     if registry::count() == 0 {
@@ -405,8 +453,57 @@ pub(crate) fn write_reports() {
     }
     let now = tsc::now();
     let r = collect(t, now);
-    let written = crate::profile::report::write_named(&r, &t.out, "fastinst-trace");
+    let written = crate::profile::report::write_named(&r, &t.out, "fastinst-trace").and_then(|mut w| {
+        if let Some(path) = write_timeline(t, &r)? {
+            w.files.push(path);
+        }
+        Ok(w)
+    });
     crate::profile::report::announce(&format!("trace of {} functions", r.functions.len()), &t.out, written);
+}
+
+/// Writes the timeline of the calls kept (the report `r` has just closed
+/// the open ones), through a temporary file; `None` when it keeps none.
+fn write_timeline(t: &Tracer, r: &Report) -> std::io::Result<Option<PathBuf>> {
+    let (t0, _) = *t.start.lock();
+    let tracks: Vec<Track> = t
+        .threads
+        .lock()
+        .iter()
+        .map(|th| Track {
+            tid: th.tid,
+            slices: std::mem::take(&mut th.state.lock().slices),
+        })
+        .filter(|tr| !tr.slices.is_empty())
+        .collect();
+    if tracks.is_empty() {
+        return Ok(None);
+    }
+    let names = (0..t.funcs.len())
+        .map(|fi| match t.funcs.get(fi) {
+            Some(f) if !f.name.is_empty() => f.name.to_string(),
+            Some(f) => format!("[{:#x}]", f.addr),
+            None => "[unknown]".to_string(),
+        })
+        .collect();
+    let tl = Timeline {
+        pid: r.pid,
+        names,
+        tracks,
+        origin: t0,
+        ticks_per_us: r.tsc_mhz,
+        dropped: t.slices_dropped.load(Ordering::Relaxed),
+    };
+    let path = t.out.join(format!("fastinst-trace.{}.timeline.json", r.pid));
+    let tmp = path.with_extension("tmp");
+    let mut w = std::io::BufWriter::with_capacity(1 << 16, std::fs::File::create(&tmp)?);
+    let done = timeline::write_chrome(&tl, &mut w).and_then(|()| w.into_inner().map(drop).map_err(|e| e.into_error()));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok(Some(path))
 }
 
 fn collect(t: &Tracer, now: u64) -> Report {

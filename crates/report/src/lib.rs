@@ -62,6 +62,7 @@ pub mod pathtree;
 pub mod pprof;
 pub mod speedscope;
 mod svg;
+pub mod timeline;
 
 pub use pprof::render_pprof;
 pub use speedscope::render_speedscope;
