@@ -21,32 +21,9 @@ use std::time::{Duration, Instant};
 /// switched. On the raw sampler (`raw`) a probe whose switch would take a
 /// word patch is left off and counted ([`Profiler::rearm_skipped`]).
 pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, chance: u8) -> u64 {
-    f.set_chance(chance, p.settings.samples);
-    f.unmatched.store(0, Ordering::Relaxed);
-    let mut toggles = 0;
-    for entry in [false, true] {
-        if entry {
-            // Pairs with the fence in `reopened`.
-            f.closed.store(false, Ordering::SeqCst);
-        }
-        f.probes.for_each(|id, is_entry| {
-            if is_entry != entry {
-                return;
-            }
-            let h: crate::Handler = if entry { on_entry } else { on_exit };
-            if raw && registry::get(id).is_some_and(crate::toggle::activation_needs_word_patch) {
-                p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            if matches!(crate::is_active(id), Ok(false)) && crate::activate(id, h).is_ok() {
-                if !entry {
-                    // Calls entered while it was off would otherwise look
-                    // watched from here on.
-                    p.exit_watch_changed(f);
-                }
-                toggles += 1;
-            }
-        });
+    let (toggles, skipped) = p.arm(f, chance, p.settings.samples, raw, on_entry, on_exit);
+    if skipped {
+        p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
     }
     toggles
 }

@@ -44,7 +44,6 @@ use super::exposure::{Exposure, Reading};
 use super::state::State;
 use super::window::Kind;
 use crate::probe::Handler;
-use crate::registry;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wordpatch::tsc;
@@ -300,41 +299,7 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
         return false;
     }
     p.open_counts(fi);
-    f.set_chance(chance, budget);
-    f.unmatched.store(0, Ordering::Relaxed);
-    let mut toggles = 0;
-    let mut skipped = false;
-    for entry in [false, true] {
-        if entry {
-            // Pairs with the fence in `handlers::reopened`.
-            f.closed.store(false, Ordering::SeqCst);
-        }
-        f.probes.for_each(|id, is_entry| {
-            if is_entry != entry {
-                return;
-            }
-            // Exits that follow their entry need no switch.
-            if !entry && f.exits_follow_entry.load(Ordering::Relaxed) {
-                return;
-            }
-            let Some(probe) = registry::get(id) else { return };
-            if matches!(crate::is_active(id), Ok(true)) {
-                return;
-            }
-            if s.raw && crate::toggle::activation_needs_word_patch(probe) {
-                skipped = true;
-                return;
-            }
-            if crate::activate(id, if entry { s.entry } else { s.exit }).is_ok() {
-                if !entry {
-                    // Calls entered while it was off would otherwise look
-                    // watched from here on.
-                    p.exit_watch_changed(f);
-                }
-                toggles += 1;
-            }
-        });
-    }
+    let (toggles, skipped) = p.arm(f, chance, budget, s.raw, s.entry, s.exit);
     p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
     if skipped {
         p.rearm_skipped.fetch_add(1, Ordering::Relaxed);

@@ -156,6 +156,55 @@ impl State {
     pub(super) fn paths_may_change(&self) {
         self.path_epoch.fetch_add(1, Ordering::SeqCst);
     }
+
+    /// Switches `f`'s probes that are off on, exits first so that no timed
+    /// entry misses its exit, with `entry` and `exit` as handlers, after
+    /// setting the chance of timing a call to `2^-chance` for a stretch
+    /// that should time about `budget` calls (a window, or an epoch of a
+    /// function counted whole). On the raw sampler (`raw`) a probe whose
+    /// switch would take a word patch is left off. Returns the probes
+    /// switched on and whether any was left off.
+    pub(super) fn arm(
+        &self,
+        f: &Func,
+        chance: u8,
+        budget: u32,
+        raw: bool,
+        entry: crate::Handler,
+        exit: crate::Handler,
+    ) -> (u64, bool) {
+        f.set_chance(chance, budget);
+        f.unmatched.store(0, Ordering::Relaxed);
+        let (mut toggles, mut skipped) = (0, false);
+        for entries in [false, true] {
+            if entries {
+                // Pairs with the fence in `handlers::reopened`.
+                f.closed.store(false, Ordering::SeqCst);
+            }
+            f.probes.for_each(|id, is_entry| {
+                if is_entry != entries {
+                    return;
+                }
+                let Some(probe) = registry::get(id) else { return };
+                if matches!(crate::is_active(id), Ok(true)) {
+                    return;
+                }
+                if raw && crate::toggle::activation_needs_word_patch(probe) {
+                    skipped = true;
+                    return;
+                }
+                if crate::activate(id, if is_entry { entry } else { exit }).is_ok() {
+                    if !is_entry {
+                        // Calls entered while it was off would otherwise
+                        // look watched from here on.
+                        self.exit_watch_changed(f);
+                    }
+                    toggles += 1;
+                }
+            });
+        }
+        (toggles, skipped)
+    }
 }
 
 impl State {
