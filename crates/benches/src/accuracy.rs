@@ -522,8 +522,7 @@ pub fn read_counts(dir: &Path) -> Result<BTreeMap<String, u64>> {
     Ok(m)
 }
 
-/// The report (JSON) written under `dir` as `{prefix}.{pid}.json` (not
-/// the trace's `{prefix}.{pid}.timeline.json`).
+/// The report (JSON) written under `dir` as `{prefix}.{pid}.json`.
 pub fn read_report(dir: &Path, prefix: &str) -> Result<fastinst::profile::report::Report> {
     let rd = std::fs::read_dir(dir).map_err(EvalError::io(dir))?;
     let file = rd

@@ -40,6 +40,34 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The timeline `{prefix}PID.timeline.json.gz` in `dir`, parsed.
+fn timeline(dir: &Path, prefix: &str) -> serde_json::Value {
+    use std::io::Read;
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(".timeline.json.gz")
+        })
+        .unwrap_or_else(|| panic!("no {prefix}*.timeline.json.gz in {}", dir.display()));
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+        .read_to_string(&mut s)
+        .expect("gzipped text");
+    serde_json::from_str(&s).expect("Chrome trace-event JSON")
+}
+
+/// The complete slices (`"ph": "X"`) of a timeline.
+fn slices(tl: &serde_json::Value) -> Vec<&serde_json::Value> {
+    tl["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect()
+}
+
 fn builds(dir: &Path) -> Vec<(String, PathBuf)> {
     let mut v = Vec::new();
     let configs: [(&str, &[&str]); 8] = [
@@ -136,6 +164,15 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
     };
     let (jsonp, txt, folded, svg) = (find("json"), find("txt"), find("folded"), find("svg"));
     let pid = json(jsonp)["pid"].as_u64().unwrap();
+    // The timeline: a slice per timed call (fewer than its bound here),
+    // each saying how many calls it stands for where more than one.
+    let tl = timeline(&dir.join("reports"), "fastinst-profile.");
+    let samples = json(jsonp)["overhead"]["samples"].as_u64().unwrap();
+    assert_eq!(slices(&tl).len() as u64, samples);
+    assert_eq!(tl["otherData"]["tool"], "fastinst profile");
+    assert!(slices(&tl)
+        .iter()
+        .all(|e| e["args"]["calls"].as_u64().is_none_or(|w| w > 1) && e["dur"].as_f64().unwrap() >= 0.0));
     assert!(jsonp
         .to_str()
         .unwrap()
@@ -574,35 +611,20 @@ fn every_run_option_reaches_the_runtime() {
     assert_eq!(work["calls_exact"].as_bool(), Some(true));
     // ... and its timeline: a slice per call up to its bound (100,000 by
     // default; fib makes 2.4 M calls), the rest counted as dropped; the
-    // bound is FASTINST_TRACE_EVENTS.
+    // bound is FASTINST_TIMELINE.
     let calls: u64 = j["functions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|f| f["calls_estimated"].as_f64().unwrap() as u64)
         .sum();
-    let timeline = |dir: &Path| {
-        json(
-            &reports(dir, "fastinst-trace.")
-                .into_iter()
-                .find(|p| p.to_string_lossy().ends_with(".timeline.json"))
-                .expect("the trace's timeline"),
-        )
-    };
-    let slices = |tl: &serde_json::Value| {
-        tl["traceEvents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["ph"] == "X")
-            .count() as u64
-    };
-    let tl = timeline(&dir.join("trace"));
-    assert_eq!(slices(&tl), calls.min(100_000), "{calls} calls");
+    let tl = timeline(&dir.join("trace"), "fastinst-trace.");
+    let kept = slices(&tl).len() as u64;
+    assert_eq!(kept, calls.min(100_000), "{calls} calls");
     // Calls nest: any two slices of a thread are disjoint or one holds the
     // other (to within the file's nanosecond rounding).
     let mut open: Vec<(f64, f64)> = Vec::new();
-    for e in tl["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
+    for e in slices(&tl) {
         let (ts, end) = (
             e["ts"].as_f64().unwrap(),
             e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap(),
@@ -615,15 +637,15 @@ fn every_run_option_reaches_the_runtime() {
         }
         open.push((ts, end));
     }
-    assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - slices(&tl)));
+    assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - kept));
     let o = fastinst_with(
         &["run", "--tool", "trace", "--out", "trace100", "--", app_s],
         &dir,
-        &[("FASTINST_TRACE_EVENTS", Path::new("100"))],
+        &[("FASTINST_TIMELINE", Path::new("100"))],
     );
     ok(&o);
-    let tl = timeline(&dir.join("trace100"));
-    assert_eq!(slices(&tl), 100);
+    let tl = timeline(&dir.join("trace100"), "fastinst-trace.");
+    assert_eq!(slices(&tl).len(), 100);
     assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - 100));
     // --tool off: the program runs, nothing is written.
     let o = fastinst(&["run", "--tool", "off", "--out", "off", "--", app_s], &dir);

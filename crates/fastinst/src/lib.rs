@@ -106,6 +106,7 @@ mod sitetable;
 mod sled;
 pub mod spin;
 mod stats;
+mod timeline;
 mod tls;
 mod toggle;
 mod tools;

@@ -29,8 +29,8 @@
 //!
 //! It also keeps a timeline: each call as a slice on its thread's track,
 //! written as Chrome trace-event JSON for Perfetto
-//! (`fastinst_report::timeline`), the first `FASTINST_TRACE_EVENTS` calls
-//! to end (default 100,000; 0: none), and how many more there were.
+//! (`fastinst_report::timeline`), the first `FASTINST_TIMELINE` calls to
+//! end ([`crate::timeline`]), and how many more there were.
 
 use crate::clock;
 use crate::hooks;
@@ -39,11 +39,11 @@ use crate::profile::hist::Hist;
 use crate::profile::report::{EdgeRow, FunctionRow, Overhead, Report, SettingsOut, Stacks};
 use crate::registry;
 use crate::segmented::Segmented;
-use fastinst_report::timeline::{self, Slice, Timeline, Track};
+use fastinst_report::timeline::Timeline;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use wordpatch::tsc;
@@ -106,8 +106,8 @@ struct State {
     unmatched: u64,
     abandoned: u64,
     too_deep: u64,
-    /// Its calls for the timeline, as they ended.
-    slices: Vec<Slice>,
+    /// Its thread's kernel id.
+    tid: i32,
 }
 
 struct Thread {
@@ -126,30 +126,8 @@ pub(crate) struct Tracer {
     start: Mutex<(u64, Instant)>,
     out: PathBuf,
     program: String,
-    /// Slices the timeline may still take (below 0: full), and the calls
-    /// that ended after it was full.
-    slices_left: AtomicI64,
-    slices_dropped: AtomicU64,
-}
-
-/// Calls the timeline keeps unless `FASTINST_TRACE_EVENTS` says otherwise:
-/// ~32 bytes each in memory, ~120 in the file.
-pub const TIMELINE_CALLS: i64 = 100_000;
-
-/// The timeline's bound: `FASTINST_TRACE_EVENTS`, else [`TIMELINE_CALLS`].
-fn timeline_calls() -> i64 {
-    match crate::env::var("FASTINST_TRACE_EVENTS") {
-        Some(v) => match v.trim().parse::<i64>() {
-            Ok(n) if n >= 0 => n,
-            _ => {
-                crate::log::error(format_args!(
-                    "FASTINST_TRACE_EVENTS: `{v}` is not a count of calls; using {TIMELINE_CALLS}"
-                ));
-                TIMELINE_CALLS
-            }
-        },
-        None => TIMELINE_CALLS,
-    }
+    /// The calls kept for the timeline.
+    timeline: crate::timeline::Log,
 }
 
 static TRACER: OnceLock<Tracer> = OnceLock::new();
@@ -170,8 +148,7 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         start: Mutex::new((tsc::now(), Instant::now())),
         out: out.to_path_buf(),
         program: std::env::args().next().unwrap_or_default(),
-        slices_left: AtomicI64::new(timeline_calls()),
-        slices_dropped: AtomicU64::new(0),
+        timeline: crate::timeline::Log::from_env(),
     });
     if fresh.is_err() {
         return Ok(());
@@ -236,10 +213,14 @@ thread_local! {
 }
 
 fn new_thread() -> Arc<Thread> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
     let t = Arc::new(Thread {
-        // SAFETY: gettid has no preconditions.
-        tid: unsafe { libc::gettid() },
-        state: Mutex::new(State::default()),
+        tid,
+        state: Mutex::new(State {
+            tid,
+            ..State::default()
+        }),
     });
     if let Some(tr) = get() {
         tr.threads.lock().push(t.clone());
@@ -300,16 +281,7 @@ impl State {
             a.open_at_exit += 1;
         }
         if let Some(t) = get() {
-            if t.slices_left.fetch_sub(1, Ordering::Relaxed) > 0 {
-                self.slices.push(Slice {
-                    func: fr.func,
-                    start: fr.t0,
-                    end: t1,
-                    own: d,
-                });
-            } else {
-                t.slices_dropped.fetch_add(1, Ordering::Relaxed);
-            }
+            t.timeline.push(self.tid, fr.func, fr.t0, t1, d, 1);
         }
         let (pf, pouter) = parent.unwrap_or((u32::MAX, false));
         let e = self.edges.entry((pf, fr.func)).or_default();
@@ -436,15 +408,16 @@ pub(crate) fn fork_child() {
         *st = State {
             frames,
             active,
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() },
             ..State::default()
         };
     }
-    t.slices_left.store(timeline_calls(), Ordering::Relaxed);
-    t.slices_dropped.store(0, Ordering::Relaxed);
+    t.timeline.clear();
     *t.start.lock() = (tsc::now(), Instant::now());
 }
 
-/// Writes `fastinst-trace.<pid>.{txt,json,timeline.json}` under the output
+/// Writes `fastinst-trace.<pid>.{txt,json,pb.gz,timeline.json.gz}` under the output
 /// directory and says where; calls still open are closed now.
 pub(crate) fn write_reports() {
     let Some(t) = get() else { return };
@@ -463,19 +436,9 @@ pub(crate) fn write_reports() {
 }
 
 /// Writes the timeline of the calls kept (the report `r` has just closed
-/// the open ones), through a temporary file; `None` when it keeps none.
+/// the open ones); `None` when it keeps none.
 fn write_timeline(t: &Tracer, r: &Report) -> std::io::Result<Option<PathBuf>> {
-    let (t0, _) = *t.start.lock();
-    let tracks: Vec<Track> = t
-        .threads
-        .lock()
-        .iter()
-        .map(|th| Track {
-            tid: th.tid,
-            slices: std::mem::take(&mut th.state.lock().slices),
-        })
-        .filter(|tr| !tr.slices.is_empty())
-        .collect();
+    let tracks = t.timeline.tracks();
     if tracks.is_empty() {
         return Ok(None);
     }
@@ -487,22 +450,16 @@ fn write_timeline(t: &Tracer, r: &Report) -> std::io::Result<Option<PathBuf>> {
         })
         .collect();
     let tl = Timeline {
+        tool: "fastinst trace".into(),
         pid: r.pid,
         names,
         tracks,
-        origin: t0,
+        origin: t.start.lock().0,
         ticks_per_us: r.tsc_mhz,
-        dropped: t.slices_dropped.load(Ordering::Relaxed),
+        dropped: t.timeline.dropped(),
     };
-    let path = t.out.join(format!("fastinst-trace.{}.timeline.json", r.pid));
-    let tmp = path.with_extension("tmp");
-    let mut w = std::io::BufWriter::with_capacity(1 << 16, std::fs::File::create(&tmp)?);
-    let done = timeline::write_chrome(&tl, &mut w).and_then(|()| w.into_inner().map(drop).map_err(|e| e.into_error()));
-    if let Err(e) = done {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, &path)?;
+    let path = t.out.join(format!("fastinst-trace.{}.timeline.json.gz", r.pid));
+    fastinst_report::timeline::write_file(&tl, &path)?;
     Ok(Some(path))
 }
 

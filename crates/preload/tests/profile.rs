@@ -739,10 +739,7 @@ fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
                 std::fs::read_dir(&trace)
                     .unwrap()
                     .map(|e| e.unwrap().path())
-                    .find(|p| {
-                        let n = p.to_string_lossy();
-                        n.ends_with(".json") && !n.ends_with(".timeline.json")
-                    })
+                    .find(|p| p.extension().is_some_and(|x| x == "json"))
                     .expect("the trace's JSON report"),
             )
             .unwrap(),

@@ -7,11 +7,14 @@
 //! to its exit hook's, so that the threads' tracks line up; the hooks'
 //! time inside it (its own exit hook's start aside) is in that span.
 //! `args.own_us` is the call's duration with every hook's time taken off,
-//! the figure the report's percentiles and totals are made of. The file's
-//! `otherData` says how many calls were not kept: a timeline is bounded
-//! (the trace tool keeps the first `FASTINST_TRACE_EVENTS` calls to end).
+//! the figure the report's percentiles and totals are made of; a profile's
+//! slice is one of its timed calls, drawn at random, and `args.calls` says
+//! how many calls it stands for. The file's `otherData` says how many calls
+//! were not kept: a timeline is bounded (each tool keeps the first
+//! `FASTINST_TIMELINE` calls to end).
 
 use std::io::{self, Write};
+use std::path::Path;
 
 /// One call on a thread's track.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,6 +27,8 @@ pub struct Slice {
     pub end: u64,
     /// Its own duration, hooks' time taken off (TSC ticks).
     pub own: u64,
+    /// The calls it stands for (1 for a traced call).
+    pub weight: u32,
 }
 
 /// One thread's slices.
@@ -35,9 +40,11 @@ pub struct Track {
     pub slices: Vec<Slice>,
 }
 
-/// A traced run's timeline.
+/// A run's timeline.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timeline {
+    /// The tool that kept it (`fastinst trace`, `fastinst profile`).
+    pub tool: String,
     /// Process id.
     pub pid: u32,
     /// Function names by index.
@@ -59,7 +66,8 @@ pub fn write_chrome<W: Write>(t: &Timeline, w: &mut W) -> io::Result<()> {
     let name = |fi: u32| t.names.get(fi as usize).map_or("[unknown]", String::as_str);
     write!(
         w,
-        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"tool\":\"fastinst trace\",\"dropped_calls\":{}}},\"traceEvents\":[",
+        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"tool\":{},\"dropped_calls\":{}}},\"traceEvents\":[",
+        serde_json::to_string(&t.tool).map_err(io::Error::other)?,
         t.dropped
     )?;
     let mut first = true;
@@ -72,8 +80,9 @@ pub fn write_chrome<W: Write>(t: &Timeline, w: &mut W) -> io::Result<()> {
     sep(w)?;
     write!(
         w,
-        "{{\"ph\":\"M\",\"pid\":{},\"name\":\"process_name\",\"args\":{{\"name\":\"fastinst trace {}\"}}}}",
-        t.pid, t.pid
+        "{{\"ph\":\"M\",\"pid\":{},\"name\":\"process_name\",\"args\":{{\"name\":{}}}}}",
+        t.pid,
+        serde_json::to_string(&format!("{} {}", t.tool, t.pid)).map_err(io::Error::other)?
     )?;
     for track in &t.tracks {
         sep(w)?;
@@ -89,7 +98,7 @@ pub fn write_chrome<W: Write>(t: &Timeline, w: &mut W) -> io::Result<()> {
             sep(w)?;
             write!(
                 w,
-                "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"name\":{},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"own_us\":{:.3}}}}}",
+                "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"name\":{},\"ts\":{:.3},\"dur\":{:.3},\"args\":{{\"own_us\":{:.3}",
                 t.pid,
                 track.tid,
                 serde_json::to_string(name(s.func)).map_err(io::Error::other)?,
@@ -97,9 +106,32 @@ pub fn write_chrome<W: Write>(t: &Timeline, w: &mut W) -> io::Result<()> {
                 us(s.end.saturating_sub(s.start)),
                 us(s.own)
             )?;
+            if s.weight != 1 {
+                write!(w, ",\"calls\":{}", s.weight)?;
+            }
+            w.write_all(b"}}")?;
         }
     }
     w.write_all(b"]}\n")
+}
+
+/// Writes `t` gzipped to `path` (`.json.gz`, which Perfetto and
+/// `chrome://tracing` open as they are, a tenth of the size, and which a
+/// `*.json` glob for the reports does not take) through a temporary file
+/// beside it, so that an interrupted write never leaves a partial timeline
+/// under the name.
+pub fn write_file(t: &Timeline, path: &Path) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let file = io::BufWriter::with_capacity(1 << 16, std::fs::File::create(&tmp)?);
+    let mut w = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+    let done = write_chrome(t, &mut w)
+        .and_then(|()| w.finish())
+        .and_then(|file| file.into_inner().map(drop).map_err(|e| e.into_error()));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -112,6 +144,7 @@ mod tests {
     #[test]
     fn a_timeline_is_chrome_trace_json_with_a_slice_per_call() {
         let t = Timeline {
+            tool: "fastinst profile".into(),
             pid: 7,
             names: vec!["main".into(), "f \"quoted\"".into()],
             tracks: vec![Track {
@@ -122,18 +155,21 @@ mod tests {
                         start: 1_500,
                         end: 2_000,
                         own: 400,
+                        weight: 64,
                     },
                     Slice {
                         func: 0,
                         start: 1_000,
                         end: 5_000,
                         own: 3_000,
+                        weight: 1,
                     },
                     Slice {
                         func: 1,
                         start: 1_000,
                         end: 1_200,
                         own: 150,
+                        weight: 64,
                     },
                 ],
             }],
@@ -145,6 +181,7 @@ mod tests {
         write_chrome(&t, &mut out).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
         assert_eq!(v["otherData"]["dropped_calls"], 3);
+        assert_eq!(v["otherData"]["tool"], "fastinst profile");
         let ev = v["traceEvents"].as_array().unwrap();
         let meta: Vec<&str> = ev
             .iter()
@@ -152,6 +189,12 @@ mod tests {
             .map(|e| e["name"].as_str().unwrap())
             .collect();
         assert_eq!(meta, ["process_name", "thread_name"]);
+        let weights: Vec<Option<u64>> = ev
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| e["args"]["calls"].as_u64())
+            .collect();
+        assert_eq!(weights, [None, Some(64), Some(64)], "a traced call has no `calls`");
         let x: Vec<(String, f64, f64, f64)> = ev
             .iter()
             .filter(|e| e["ph"] == "X")

@@ -63,6 +63,7 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
         agg.fold();
     }
     drop(agg);
+    p.timeline.push(store.tid, fi, done.t0, t, dur, done.weight);
     Counters::add_own(&store.counts.samples, 1);
     Some(fi)
 }

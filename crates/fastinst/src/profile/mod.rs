@@ -185,6 +185,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
             out,
             program,
+            timeline: crate::timeline::Log::from_env(),
         },
         schedule: Schedule::new(on_entry, on_exit),
     });
@@ -198,11 +199,15 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     if let Some(p) = get() {
         p.epoch_start.store(tsc::now(), Ordering::Relaxed);
     }
-    crate::on_discovery(discovered)?;
-    start_sampler();
+    // CPU samples before any probe goes on: a thread opens its sampling
+    // event when its first hook makes its store, and in a process that
+    // runs (an attach), threads hooked before the samples were on never
+    // opened one (an attached run once had no CPU sample at all).
     if settings.cpu_samples {
         cpusample::start();
     }
+    crate::on_discovery(discovered)?;
+    start_sampler();
     if settings.signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.
         unsafe {
@@ -303,6 +308,7 @@ pub(crate) fn fork_child() {
     // returns from fork).
     // Its epochs start afresh: every function counted whole from now.
     p.due.clear();
+    p.timeline.clear();
     crate::clock::advance_period(now);
     let mut rearmed = 0;
     for i in 0..p.funcs.len() {

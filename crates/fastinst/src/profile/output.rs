@@ -49,6 +49,27 @@ pub(crate) fn final_fold(p: &'static Profiler) {
     }
 }
 
+/// Writes the timeline of the timed calls kept; `None` when it keeps none.
+fn write_timeline(p: &Profiler, r: &report::Report) -> std::io::Result<Option<std::path::PathBuf>> {
+    let tracks = p.timeline.tracks();
+    if tracks.is_empty() {
+        return Ok(None);
+    }
+    let names = (0..p.funcs.len()).map(|fi| report::fn_name(p, fi)).collect();
+    let tl = fastinst_report::timeline::Timeline {
+        tool: "fastinst profile".into(),
+        pid: r.pid,
+        names,
+        tracks,
+        origin: p.start.lock().0,
+        ticks_per_us: r.tsc_mhz,
+        dropped: p.timeline.dropped(),
+    };
+    let path = p.out.join(format!("fastinst-profile.{}.timeline.json.gz", r.pid));
+    fastinst_report::timeline::write_file(&tl, &path)?;
+    Ok(Some(path))
+}
+
 /// Writes the reports (at exit, or on the signal) and prints where.
 pub(crate) fn write_reports(on_demand: bool) {
     let Some(p) = get() else { return };
@@ -73,7 +94,12 @@ pub(crate) fn write_reports(on_demand: bool) {
     let began = Instant::now();
     let r = report::collect(p);
     crate::log::debug(format_args!("profile: report collected in {:?}", began.elapsed()));
-    let written = report::write_all(&r, &p.out);
+    let written = report::write_all(&r, &p.out).and_then(|mut w| {
+        if let Some(path) = write_timeline(p, &r)? {
+            w.files.push(path);
+        }
+        Ok(w)
+    });
     crate::log::debug(format_args!(
         "profile: report collected and written in {:?}",
         began.elapsed()

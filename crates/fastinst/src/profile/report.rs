@@ -514,7 +514,8 @@ impl Names<'_> {
     }
 }
 
-fn fn_name(p: &Profiler, fi: u32) -> String {
+/// Function `fi`'s name as the report gives it.
+pub(super) fn fn_name(p: &Profiler, fi: u32) -> String {
     match p.funcs.get(fi) {
         Some(f) if !f.name.is_empty() => f.name.to_string(),
         Some(f) => format!("[{:#x}]", f.addr),

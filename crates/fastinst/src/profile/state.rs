@@ -62,6 +62,8 @@ pub(crate) struct State {
     pub(crate) whole_overflow: u64,
     pub(crate) out: PathBuf,
     pub(crate) program: String,
+    /// The timed calls kept for the timeline.
+    pub(crate) timeline: crate::timeline::Log,
 }
 
 impl State {
