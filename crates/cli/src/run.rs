@@ -31,6 +31,12 @@ options:
                     epoch, 1 to 64 (default 2): more, tighter call
                     estimates at more cost
   --no-cpu          profiler: no CPU samples (self time from call times)
+  --functions GLOBS every tool: probe only the functions matching one of
+                    these comma-separated globs (`*`, `?`); the others'
+                    probes stay off and cost nothing
+  --exclude GLOBS   every tool: never probe the functions matching these
+  --modules GLOBS   every tool: probe only the functions in these modules
+                    (the executable's or a library's file name)
   --inlined         every tool: also count, time and sample the copies of
                     functions that gcc's -finstrument-functions left
                     inlined in others (off by default: their time is
@@ -110,6 +116,9 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
 pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a str>, r: &mut RunArgs) -> Result<bool> {
     match (name, i) {
         ("--inlined", None) => r.env.push(("FASTINST_INLINED", "1".into())),
+        (n @ "--functions", i) => r.env.push(("FASTINST_FUNCTIONS", a.value(n, i)?.into())),
+        (n @ "--exclude", i) => r.env.push(("FASTINST_EXCLUDE", a.value(n, i)?.into())),
+        (n @ "--modules", i) => r.env.push(("FASTINST_MODULES", a.value(n, i)?.into())),
         ("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
         (n @ "--windows", i) => {
             let w: u32 = a.parsed(n, i, "a whole number")?;

@@ -652,6 +652,85 @@ fn every_run_option_reaches_the_runtime() {
     ok(&o);
     assert!(reports(&dir.join("off"), "fastinst-").is_empty());
 
+    // --exclude: fib is never counted; the others are, exactly.
+    let o = fastinst(
+        &[
+            "run",
+            "--tool",
+            "count",
+            "--exclude",
+            "fi?",
+            "--out",
+            "nofib",
+            "--",
+            app_s,
+        ],
+        &dir,
+    );
+    ok(&o);
+    let counts = std::fs::read_to_string(&reports(&dir.join("nofib"), "fastinst-count.")[0]).unwrap();
+    let count_of = |name: &str| {
+        counts
+            .lines()
+            .find_map(|l| {
+                let mut w = l.split_whitespace();
+                let n = w.next()?.parse::<u64>().ok()?;
+                (w.next()? == name).then_some(n)
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (count_of("fib"), count_of("work"), count_of("spin")),
+        (0, 3000, 3000),
+        "{counts}"
+    );
+    // --functions: the profile names only the functions asked for, and
+    // says how many probes it left off.
+    let o = fastinst(&["run", "--functions", "work,sp*", "--out", "only", "--", app_s], &dir);
+    ok(&o);
+    let p = reports(&dir.join("only"), "fastinst-profile.");
+    let j = json(p.iter().find(|p| p.extension().is_some_and(|e| e == "json")).unwrap());
+    let mut names: Vec<&str> = j["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["calls_sampled"].as_u64() > Some(0))
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["spin", "work"], "{j}");
+    assert!(
+        j["overhead"]["filtered_off"].as_u64() >= Some(2),
+        "fib's and main's probes: {}",
+        j["overhead"]
+    );
+    let txt = std::fs::read_to_string(p.iter().find(|p| p.extension().is_some_and(|e| e == "txt")).unwrap()).unwrap();
+    assert!(txt.contains("filtered: "), "{txt}");
+    // --modules: none of the program's functions is in a module so named.
+    let o = fastinst(
+        &[
+            "run",
+            "--tool",
+            "count",
+            "--modules",
+            "libnothing*",
+            "--out",
+            "nomod",
+            "--",
+            app_s,
+        ],
+        &dir,
+    );
+    ok(&o);
+    let counts = std::fs::read_to_string(&reports(&dir.join("nomod"), "fastinst-count.")[0]).unwrap();
+    assert!(
+        counts
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .all(|l| l.starts_with("0\t")),
+        "{counts}"
+    );
+
     // The profiler's settings land in its report.
     let o = fastinst(
         &[

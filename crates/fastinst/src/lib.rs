@@ -90,6 +90,7 @@ mod contention;
 mod discovery;
 mod env;
 mod error;
+mod filter;
 mod hookcost;
 pub mod hooks;
 pub mod log;

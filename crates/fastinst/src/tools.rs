@@ -67,6 +67,9 @@ pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
 /// The count tool's discovery: entry probes count (an inlined copy's only
 /// with `inlined`), every other probe goes off.
 fn count_discovered(m: &crate::ProbeMeta, inlined: bool) {
+    if !crate::filter::admit(m) {
+        return;
+    }
     let r = if m.kind == ProbeKind::Entry && (inlined || !m.inlined) {
         crate::activate(m.id, count_handler)
     } else {

@@ -159,6 +159,9 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
 
 fn discovered(m: &ProbeMeta) {
     let Some(t) = get() else { return };
+    if !crate::filter::admit(m) {
+        return;
+    }
     if !t.inlined && m.inlined {
         if crate::deactivate(m.id).is_ok() {
             t.inlined_off.fetch_add(1, Ordering::Relaxed);
@@ -597,6 +600,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             no_thread: 0,
             stacks_merged: 0,
             inlined_copies_off: t.inlined_off.load(Ordering::Relaxed),
+            filtered_off: crate::filter::refused(),
             open_at_exit: 0,
             windows_planned: 0,
             windows_opened: 0,

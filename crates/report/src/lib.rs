@@ -351,6 +351,11 @@ pub struct Overhead {
     /// [`SettingsOut::inlined`]).
     #[serde(default)]
     pub inlined_copies_off: u64,
+    /// Probes left off because the function filter
+    /// (`FASTINST_FUNCTIONS`, `FASTINST_EXCLUDE`, `FASTINST_MODULES`)
+    /// refused their function.
+    #[serde(default)]
+    pub filtered_off: u64,
     /// Sampled calls still in flight when their thread or the process
     /// ended, recorded as ending then (`main` when the program calls
     /// `exit`).
@@ -527,6 +532,13 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             s,
             "inlined copies: {} probes in functions' copies inlined into other functions are off; their time is their callers' (FASTINST_INLINED=1 samples them)",
             o.inlined_copies_off
+        )?;
+    }
+    if o.filtered_off > 0 {
+        writeln!(
+            s,
+            "filtered: {} probes left off: their functions are outside FASTINST_FUNCTIONS / FASTINST_EXCLUDE / FASTINST_MODULES",
+            o.filtered_off
         )?;
     }
     if o.stacks_merged > 0 {

@@ -5,15 +5,26 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use testkit::modgraph::strip_comments;
 
-/// The names of the C API (status codes `FASTINST_E*`, probe kinds), not
-/// variables.
-fn is_c_name(v: &str) -> bool {
-    matches!(v, "FASTINST_OK" | "FASTINST_ENTRY" | "FASTINST_EXIT") || v.starts_with("FASTINST_E")
+/// The names the C header defines (status codes, probe kinds): the C
+/// API's, not variables. Read from the header itself, so that a variable
+/// whose name merely looks like a status code (`FASTINST_EXCLUDE`) is
+/// still checked.
+fn c_names(root: &Path) -> BTreeSet<String> {
+    let header = std::fs::read_to_string(root.join("crates/preload/include/fastinst.h")).unwrap();
+    header
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#define "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with("FASTINST_"))
+        .map(String::from)
+        .collect()
 }
 
 /// `"FASTINST_..."` string literals in the code (not comments) of every
 /// crate's sources, tests and benches.
 fn read_in_code(root: &Path) -> BTreeSet<String> {
+    let c = c_names(root);
+    assert!(c.contains("FASTINST_EINVAL"), "the header's status codes: {c:?}");
     let mut out = BTreeSet::new();
     let mut stack = vec![root.join("crates")];
     while let Some(d) = stack.pop() {
@@ -32,7 +43,10 @@ fn read_in_code(root: &Path) -> BTreeSet<String> {
                         .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
                         .collect();
                     let whole = rest[i + 1 + name.len()..].starts_with('"') && !name.ends_with('_');
-                    if whole && !is_c_name(&name) {
+                    // A prefix of the header's names (`"FASTINST_E"`, to
+                    // match status codes) is not a variable either.
+                    let c_prefix = c.iter().any(|n| n.len() > name.len() && n.starts_with(&name));
+                    if whole && !c.contains(&name) && !c_prefix {
                         out.insert(name);
                     }
                     rest = &rest[i + 1..];

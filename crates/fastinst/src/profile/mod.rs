@@ -83,6 +83,9 @@ use wordpatch::tsc;
 /// with the profiler's handlers.
 fn discovered(m: &ProbeMeta) {
     let Some(p) = get() else { return };
+    if !crate::filter::admit(m) {
+        return;
+    }
     let fi = {
         let mut map = p.by_addr.lock();
         match map.get(&m.function) {

@@ -329,6 +329,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             no_thread: c(|c| &c.no_thread),
             stacks_merged,
             inlined_copies_off: c(|c| &c.inlined_off),
+            filtered_off: crate::filter::refused(),
             open_at_exit: c(|c| &c.open_at_exit),
             windows_planned: c(|c| &c.windows_planned),
             windows_opened: c(|c| &c.windows_opened),
