@@ -25,7 +25,8 @@
 //! word): a function is handed over late by at most one epoch, never lost,
 //! and never twice for one push. A function is pushed by the first count
 //! of each epoch (threads that count it together may push it twice, which
-//! one take hands over once). A take is an
+//! one take hands over once), and by the call that passes its whole-count
+//! overflow, after that call switched its probe off. A take is an
 //! iterator that swaps each word as it reaches it; dropped before its end,
 //! it puts back what it swapped out and did not hand over.
 

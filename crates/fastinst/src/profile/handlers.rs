@@ -190,6 +190,13 @@ pub(super) fn count_whole(p: &Profiler, f: &Func, fi: u32, id: ProbeId) -> Optio
         if crate::deactivate(id).is_ok() {
             add_toggles(p, 1);
         }
+        // Handed to the sampler after the switch: had the sampler folded
+        // this epoch's count between the count above and the switch, it
+        // re-armed the function just before the switch turned it off, and
+        // with its probe off no later call would hand it over again: the
+        // function was lost, counted whole at a few hundred calls (once in
+        // CI, the demo's `hash` read 204 of 200,000).
+        p.due.push(fi);
         return None;
     }
     draw
