@@ -713,13 +713,14 @@ fn cpu_contention_is_measured_and_warned_of() {
 }
 
 /// `tests/c/phases.c`: a function whose calls are short in a dense phase
-/// and long in a sparse one that takes about as much time. Its mean, its
-/// inclusive time and its median, as profiled, against the `trace` tool's
-/// (every call timed) on the same binary, for both build kinds. When the
-/// profiler timed the first calls of each function after the start of an
-/// epoch, about half of them fell in the sparse phase: the mean and the
-/// median read many times the trace's (the bias that made short, hot
-/// interpreter functions read five to ten times their time).
+/// and long in a sparse one that takes about as much time, for both build
+/// kinds. Its profiled mean against its profiled median (almost every call
+/// is short), and its total against the `trace` tool's (every call timed)
+/// on the same binary. When the profiler timed the first calls of each
+/// function after the start of an epoch, about half of them fell in the
+/// sparse phase: the mean read eight times the median and the trace's
+/// mean (the bias that made short, hot interpreter functions read five to
+/// ten times their time).
 #[test]
 fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
     for flag in [FINSTRUMENT, SLED] {
@@ -750,23 +751,36 @@ fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
         let (p, t) = (work(&r), work(&t));
         assert_eq!(t.calls_estimated, 2_008_000.0, "{flag}: the trace counts every call");
         assert!(p.calls_sampled >= 100, "{flag}: {} timed calls", p.calls_sampled);
-        // The old bias was ten times and more. Two runs of one binary
-        // differ: the trace's hooks on every call slow its short calls
-        // (its mean of this function reads ~30% over the plain run's), and
-        // a total carries the call estimate's error too, and the few long
-        // calls timed in the sparse phase stand for many each. So: within
-        // 40%, or three stated deviations where the report says it is
-        // less sure than that.
-        let tol = (3.0 * p.total_sd / t.total_ms).max(0.4);
-        within(
-            &format!("{flag} work total ms (+- {:.1})", p.total_sd),
-            p.total_ms,
-            t.total_ms,
-            tol,
+        // The bias this guards against read the mean at eight times the
+        // median: half the timed calls were long. Of all calls, 8,000 in
+        // 2,008,000 are long (>= 2 us), so the mean of all calls is the
+        // median short call's plus under 0.01 us. Within twice the median
+        // plus 0.05 us, in the profile's own units whatever the machine's
+        // speed in this run (the profiled mean read 1.1 to 1.55 times the
+        // median in CI and by hand; the old code 8 times).
+        println!(
+            "{flag}: mean {:.3} us, p50 {:.3} us; trace {:.3} / {:.3}",
+            p.mean_us, p.p50_us, t.mean_us, t.p50_us
         );
-        within(&format!("{flag} work mean us"), p.mean_us, t.mean_us, tol);
-        // Almost every call is short: the median is a short call's.
-        within(&format!("{flag} work p50 us"), p.p50_us, t.p50_us, 0.5);
+        assert!(
+            p.mean_us <= 2.0 * p.p50_us + 0.05 && p.mean_us >= 0.8 * p.p50_us,
+            "{flag}: mean {} us against a median of {} us",
+            p.mean_us,
+            p.p50_us
+        );
+        assert!(p.p50_us < 1.0, "{flag}: the median is a short call's: {} us", p.p50_us);
+        // Against the trace, another run whose every-call hooks slow it and
+        // whose speed varies with the machine's load (its total of this
+        // function read 195 to 430 ms in CI): within a factor of two, or
+        // three stated deviations.
+        let ratio = p.total_ms / t.total_ms;
+        assert!(
+            (0.5..=2.0).contains(&ratio) || (p.total_ms - t.total_ms).abs() <= 3.0 * p.total_sd,
+            "{flag}: total {:.1} +- {:.1} ms against the trace's {:.1}",
+            p.total_ms,
+            p.total_sd,
+            t.total_ms
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
