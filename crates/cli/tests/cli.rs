@@ -146,7 +146,12 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
     c.arg("3");
     let plain = testkit::output_within(c, LIMIT, "app 3");
     assert_eq!(plain.status.code(), Some(3));
-    let run = fastinst(&["run", "--out", "reports", "--", app_s, "3"], &dir);
+    // With a timeline, which the profiler writes only when asked.
+    let run = fastinst_with(
+        &["run", "--out", "reports", "--", app_s, "3"],
+        &dir,
+        &[("FASTINST_TIMELINE", Path::new("100000"))],
+    );
     assert_eq!(run.status.code(), Some(3), "{}", text(&run.stderr));
     assert_eq!(run.stdout, plain.stdout, "the program's stdout is its own");
     let err = text(&run.stderr);
@@ -699,6 +704,10 @@ fn every_run_option_reaches_the_runtime() {
         .collect();
     names.sort_unstable();
     assert_eq!(names, ["spin", "work"], "{j}");
+    assert!(
+        !p.iter().any(|f| f.to_string_lossy().ends_with(".timeline.json.gz")),
+        "the profiler writes no timeline unless asked: {p:?}"
+    );
     assert!(
         j["overhead"]["filtered_off"].as_u64() >= Some(2),
         "fib's and main's probes: {}",

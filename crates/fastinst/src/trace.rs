@@ -148,7 +148,7 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         start: Mutex::new((tsc::now(), Instant::now())),
         out: out.to_path_buf(),
         program: std::env::args().next().unwrap_or_default(),
-        timeline: crate::timeline::Log::from_env(),
+        timeline: crate::timeline::Log::from_env(crate::timeline::DEFAULT_CALLS),
     });
     if fresh.is_err() {
         return Ok(());

@@ -188,7 +188,8 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
             out,
             program,
-            timeline: crate::timeline::Log::from_env(),
+            // None unless asked for (see `crate::timeline`).
+            timeline: crate::timeline::Log::from_env(0),
         },
         schedule: Schedule::new(on_entry, on_exit),
     });
