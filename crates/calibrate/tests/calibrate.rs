@@ -1,6 +1,8 @@
 //! The calibration run for real, through the binaries (every trial is a
 //! forked child of a single-threaded process):
-//! - the benchmark sees what it claims to measure: failures at W = 0;
+//! - the benchmark sees what it claims to measure: failures at W = 0, or,
+//!   on a CPU that never tears there, a report that says so and recommends
+//!   no T_max;
 //! - a quick calibration writes a config that wordpatch reads back, and the
 //!   wait it recommends shows 0 failures in the stress test;
 //!
@@ -84,15 +86,32 @@ fn the_benchmark_sees_failures_at_wait_zero() {
     let cells = row(&out, 0);
     assert_eq!(cells.len(), 4, "{out}");
     let failing = cells.iter().flatten().filter(|(f, _)| *f > 0).count();
-    assert!(
-        failing >= 1,
-        "no split failed at W = 0: the benchmark cannot see torn straddlers\n{out}"
-    );
+    if failing == 0 {
+        // Whether W = 0 tears is the CPU's business: some (this project's
+        // Intel VMs) tear within seconds, others (an AMD EPYC CI machine ran
+        // 173 M toggles clean) never do here. What the tool owes then is
+        // honesty: it must say that a clean wait proves nothing and never
+        // recommend a T_max it has no evidence for. That the trials'
+        // crashes are counted at all is proven by the stress crate's naive
+        // controls, which fail on any CPU.
+        assert!(
+            out.contains("could not provoke torn straddlers") && out.contains("default wait synccore"),
+            "no split failed at W = 0, and the report does not say that this proves nothing:\n{out}"
+        );
+        assert!(
+            out.contains("recommended: wait = synccore (no T_max)") && !out.contains("tmax_ticks ="),
+            "a T_max recommended without evidence:\n{out}"
+        );
+        println!("W = 0 never failed on this CPU: the report says so and recommends SyncCore");
+        return;
+    }
     // The reports of the crashes that were counted are in the log, one per failure.
+    let failed: u64 = cells.iter().flatten().map(|(f, _)| f).sum();
     let log = std::fs::read_to_string(svg.with_extension("log")).unwrap();
+    let crashes = log.lines().filter(|l| l.starts_with("trial crash")).count() as u64;
     assert!(
-        log.lines().filter(|l| l.starts_with("trial crash")).count() >= 1,
-        "log:\n{log}"
+        crashes >= failed,
+        "{failed} failed trials, {crashes} crash reports; log:\n{log}"
     );
     println!("W = 0 failed at {failing} of 4 splits");
 }

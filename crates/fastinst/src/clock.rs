@@ -99,12 +99,17 @@ impl ThreadClock {
 
     /// Its hook ticks at wall time `now`, counting the part of a hook in
     /// progress that has run so far (read from another thread, a hook that
-    /// ends meanwhile is counted whole, or from `now`: never twice).
+    /// ends meanwhile is counted whole, or from `now`: never twice), capped
+    /// at [`MAX_HOOK`] as the hook's charge will be. (Uncapped, a reading
+    /// taken while the thread waited for a CPU inside a hook ran ahead of
+    /// every later one: the next stretch's hook time read as none, all its
+    /// hooks' time counted as the program's, and, under load, windows read
+    /// their functions' calls at a fraction of their rate.)
     pub fn hook_ticks_at(&self, now: u64) -> u64 {
         let since = self.open_since.load(Ordering::Acquire);
         let t = self.hook_ticks();
         if since != 0 && now > since {
-            t + (now - since)
+            t + (now - since).min(MAX_HOOK)
         } else {
             t
         }
@@ -392,6 +397,29 @@ pub fn program_ticks(t0: u64, ticks0: u64, t1: u64, ticks1: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reading_inside_a_long_hook_never_runs_ahead_of_its_charge() {
+        std::thread::spawn(|| {
+            let t = tsc::now();
+            let rec = begin(t).expect("record");
+            // Read from elsewhere while the hook has been open long (its
+            // thread waited for a CPU inside it): no more than the charge
+            // it will get, so that later readings never fall behind.
+            let long = t + 10 * MAX_HOOK;
+            let read = rec.hook_ticks_at(long);
+            assert!(read <= MAX_HOOK, "{read}");
+            assert!(rec.hook_ticks_at(t + 100) >= 100, "a short hook in progress counts");
+            end_fi(rec as *const ThreadClock as usize, long);
+            assert!(
+                rec.hook_ticks_at(long + 1) >= read,
+                "{} < {read}",
+                rec.hook_ticks_at(long + 1)
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_hook_charges_its_thread_and_periods_keep_the_base() {
