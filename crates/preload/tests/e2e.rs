@@ -210,6 +210,30 @@ fn c_api_program_every_strategy() {
     }
 }
 
+/// A probe whose library `dlclose` unloaded answers exactly
+/// `FASTINST_EUNLOADED` to activation and deactivation, from C built by
+/// gcc and clang.
+#[test]
+fn a_dlclosed_librarys_probes_answer_eunloaded() {
+    let dir = scratch("unloaded");
+    let lib = lib();
+    let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
+    for cc in COMPILERS {
+        let so = dir.join(format!("libgone-{cc}.so"));
+        build(cc, &[&src("lib.c")], &["-O2", "-fPIC", "-shared", "-finstrument-functions"], &so);
+        let bin = dir.join(format!("unloaded-{cc}"));
+        let inc = format!("-I{}", include_dir().display());
+        let l = format!("-L{libdir}");
+        let rp = format!("-Wl,-rpath,{libdir}");
+        build(cc, &[&src("unloaded.c")], &["-O2", &inc, &l, "-lfastinst", &rp, "-ldl"], &bin);
+        let so_s = so.to_string_lossy().into_owned();
+        let o = run(&bin, &[&so_s], &dir, false, &[("FASTINST_TOOL", "none")]);
+        let out = ok_stdout(&o, &format!("unloaded {cc}"));
+        assert!(out.starts_with("ok "), "{out}");
+        println!("{cc}: {}", out.trim());
+    }
+}
+
 /// A function's own tail-jump exit is keyed by the function; the exits of
 /// its copies inlined elsewhere are `call`s that must still be discovered
 /// (and switched off) on their own, not taken for the tail site's calls,
