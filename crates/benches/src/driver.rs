@@ -20,6 +20,9 @@ use std::process::Command;
 pub struct Driver {
     /// The executable.
     pub path: PathBuf,
+    /// The directory of the library it was linked against, which it runs
+    /// with (see [`Driver::run`]).
+    pub lib_dir: PathBuf,
 }
 
 fn source(name: &str) -> PathBuf {
@@ -116,7 +119,10 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
     );
     let stamp = dir.join("driver.stamp");
     if exe.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) {
-        return Ok(Driver { path: exe });
+        return Ok(Driver {
+            path: exe,
+            lib_dir: libdir.to_path_buf(),
+        });
     }
     let f = write("field.c", field_c)?;
     let s = write("sledfield.c", sled_c)?;
@@ -154,16 +160,30 @@ pub fn build(work: &Path, lib: &Path, field: usize, sled_field: usize) -> Result
         "the driver",
     )?;
     std::fs::write(&stamp, stamp_text).map_err(EvalError::io(&stamp))?;
-    Ok(Driver { path: exe })
+    Ok(Driver {
+        path: exe,
+        lib_dir: libdir.to_path_buf(),
+    })
 }
 
 impl Driver {
     /// Runs one subcommand and returns its JSON lines. The default tool
     /// (the profiler) would add handlers of its own: the driver runs with
     /// `FASTINST_TOOL=none`.
+    ///
+    /// The library's directory goes first on `LD_LIBRARY_PATH`, which
+    /// overrides the executable's RUNPATH: under `cargo test` it names
+    /// cargo's target directory, whose uplifted copy of the library `cargo
+    /// test` does not refresh.
     pub fn run(&self, args: &[String]) -> Result<Vec<Value>> {
+        let mut path = std::ffi::OsString::from(self.lib_dir.as_os_str());
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(old);
+        }
         let out = Command::new(&self.path)
             .args(args)
+            .env("LD_LIBRARY_PATH", path)
             .env("FASTINST_TOOL", "none")
             .env_remove("LD_PRELOAD")
             .output()

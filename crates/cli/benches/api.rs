@@ -60,7 +60,11 @@ fn main() {
         println!("# fastinst API benchmark, {cc} {flags} -finstrument-functions\n");
         // The benchmark drives its probes through the API; the default tool
         // (the profiler) would add its own handlers and write reports here.
-        let o = Command::new(&bin).env("FASTINST_TOOL", "none").output().unwrap();
+        let o = Command::new(&bin)
+            .env("FASTINST_TOOL", "none")
+            .env("LD_LIBRARY_PATH", testkit::library_path_first(&libdir))
+            .output()
+            .unwrap();
         print!("{}", String::from_utf8_lossy(&o.stdout));
         if !o.status.success() {
             eprintln!("{}", String::from_utf8_lossy(&o.stderr));

@@ -220,12 +220,22 @@ fn a_dlclosed_librarys_probes_answer_eunloaded() {
     let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
     for cc in COMPILERS {
         let so = dir.join(format!("libgone-{cc}.so"));
-        build(cc, &[&src("lib.c")], &["-O2", "-fPIC", "-shared", "-finstrument-functions"], &so);
+        build(
+            cc,
+            &[&src("lib.c")],
+            &["-O2", "-fPIC", "-shared", "-finstrument-functions"],
+            &so,
+        );
         let bin = dir.join(format!("unloaded-{cc}"));
         let inc = format!("-I{}", include_dir().display());
         let l = format!("-L{libdir}");
         let rp = format!("-Wl,-rpath,{libdir}");
-        build(cc, &[&src("unloaded.c")], &["-O2", &inc, &l, "-lfastinst", &rp, "-ldl"], &bin);
+        build(
+            cc,
+            &[&src("unloaded.c")],
+            &["-O2", &inc, &l, "-lfastinst", &rp, "-ldl"],
+            &bin,
+        );
         let so_s = so.to_string_lossy().into_owned();
         let o = run(&bin, &[&so_s], &dir, false, &[("FASTINST_TOOL", "none")]);
         let out = ok_stdout(&o, &format!("unloaded {cc}"));

@@ -20,6 +20,21 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// `LD_LIBRARY_PATH` with `dir` first, for a child linked against the
+/// `libfastinst.so` in `dir`: the variable overrides the executable's
+/// RUNPATH, and cargo's test and bench environments put the target
+/// directory there, whose uplifted copy of the library only `cargo build`
+/// refreshes. Stale, it was the library tested: a mutant that swallowed
+/// `fastinst_deactivate`'s error passed the C API test.
+pub fn library_path_first(dir: &std::path::Path) -> std::ffi::OsString {
+    let mut path = std::ffi::OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    path
+}
+
 /// `c.output()`, but a child still running after `limit` has its threads'
 /// stacks taken (gdb where it can attach, else each thread's state and
 /// system call from /proc), is killed with every process it started, and

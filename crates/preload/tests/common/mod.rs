@@ -89,6 +89,11 @@ pub fn run(bin: &Path, args: &[&str], dir: &Path, preload: bool, env: &[(&str, &
     if preload {
         c.env("LD_PRELOAD", lib());
     }
+    // A program linked with -lfastinst loads the library under test.
+    c.env(
+        "LD_LIBRARY_PATH",
+        testkit::library_path_first(lib().parent().expect("a directory")),
+    );
     c.envs(env.iter().copied());
     output_within(c, RUN_LIMIT, &bin.display().to_string())
 }
