@@ -63,3 +63,5 @@ s=s.replace(a,'''        let at = (self.addr + v.start) as *mut u8;
 P
 git diff --stat | tail -1
 run "toggle torn once in 10^7 at one split" cargo test --release -p stress --test stress -- callpatch_flip_every_form_and_split
+# The cdylib the second mutant built goes back to the real code.
+cargo build --release -q -p fastinst-preload
