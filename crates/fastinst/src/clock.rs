@@ -24,20 +24,6 @@
 //! handler closing a window) may read any thread's counters at any time,
 //! and a thread that exits leaves its final counts and its end.
 
-/// A hook's stamp, for the naked stubs and trampolines: the TSC into
-/// `rax` (or `rdx`) behind an `lfence`, clobbering both. Every clocked hook
-/// path stamps with this one sequence, so that what the calibration
-/// measures of one path's unseen ticks holds for the others.
-macro_rules! tsc_stamp {
-    (rax) => {
-        "lfence\nrdtsc\nshl rdx, 32\nor rax, rdx"
-    };
-    (rdx) => {
-        "lfence\nrdtsc\nshl rdx, 32\nor rdx, rax"
-    };
-}
-pub(crate) use tsc_stamp;
-
 use crate::segmented::Segmented;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use wordpatch::tsc;
@@ -191,7 +177,7 @@ pub fn threads() -> impl Iterator<Item = &'static ThreadClock> {
 /// This thread's clock, if it has run a clocked hook.
 #[inline(always)]
 pub fn current() -> Option<&'static ThreadClock> {
-    let p = crate::tls::clock() as *const ThreadClock;
+    let p = crate::arch::tls::clock() as *const ThreadClock;
     // SAFETY: a non-zero slot points at this thread's record, which is
     // never freed.
     (!p.is_null()).then(|| unsafe { &*p })
@@ -208,7 +194,7 @@ impl Drop for ExitMark {
     fn drop(&mut self) {
         let p = self.0.get();
         if !p.is_null() {
-            crate::tls::set_clock(0);
+            crate::arch::tls::set_clock(0);
             // SAFETY: records are never freed.
             unsafe { (*p).died.store(tsc::now().max(1), Ordering::Release) };
         }
@@ -233,7 +219,7 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
     });
     crate::spin::release(&PUSH);
     let (_, rec) = rec?;
-    crate::tls::set_clock(rec as *const ThreadClock as u64);
+    crate::arch::tls::set_clock(rec as *const ThreadClock as u64);
     // A thread already exiting has no destructors left to run: its record
     // then stays alive-looking, which only its end time shows.
     let _ = EXIT.try_with(|m| m.0.set(rec));
@@ -304,7 +290,7 @@ fn new_period(rec: &ThreadClock, last: u32, p: u32) {
 /// hook, which counts its whole time: it is not charged again.
 #[inline(always)]
 pub(crate) fn begin_hook(started: u64) -> (usize, u64) {
-    let started = if started != 0 && crate::tls::guard_get() {
+    let started = if started != 0 && crate::arch::tls::guard_get() {
         0
     } else {
         started

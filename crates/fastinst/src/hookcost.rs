@@ -26,19 +26,12 @@ fn fi_loop(n: u64, hook: bool) -> (u64, u64, u64) {
             // SAFETY: the hook takes (this_fn, call_site), reads its
             // own return address and returns; it clobbers what a C
             // function may.
-            unsafe {
-                core::arch::asm!(
-                    "call {f}",
-                    f = sym crate::hooks::__cyg_profile_func_enter,
-                    in("rdi") tag, in("rsi") 0u64,
-                    clobber_abi("C"),
-                )
-            };
+            unsafe { crate::arch::stubs::call_hook!(crate::hooks::__cyg_profile_func_enter, tag, 0u64) };
         }
     } else {
         for _ in 0..n {
-            // SAFETY: the same argument set-up without the call.
-            unsafe { core::arch::asm!("/* {t} */", t = in(reg) tag, options(nostack, nomem)) };
+            // The same argument set-up without the call.
+            crate::arch::stubs::keep(tag);
         }
     }
     let t1 = tsc::now();
@@ -54,7 +47,7 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
         // SAFETY: `f` is one of `calibration_functions`: a sled (a call
         // through the sled trampoline, which preserves every register)
         // and a return.
-        unsafe { core::arch::asm!("call {f}", f = in(reg) f, clobber_abi("C")) };
+        unsafe { crate::arch::stubs::call_address(f) };
     }
     let t1 = tsc::now();
     let after = current().map_or((0, 0), |c| (c.hook_ticks(), c.hooks()));

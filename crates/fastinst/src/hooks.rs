@@ -9,12 +9,12 @@
 //! hook context are static TLS slots (`tls.rs`), so they work in
 //! threads that are exiting and in signal handlers.
 
+use crate::arch::tls::{self, guard_get, guard_set};
 use crate::discovery::DiscoveryGuard;
 use crate::probe::ProbeId;
 use crate::registry;
 use crate::sitetable::{self, key};
 use crate::stats;
-use crate::tls::{self, guard_get, guard_set};
 use providers::finstrument::{HookKind, Hooks};
 use std::sync::atomic::Ordering;
 
@@ -74,46 +74,15 @@ pub(crate) fn cfa(ctx: HookContext) -> Option<u64> {
     None
 }
 
-/// The hook stubs. Unclocked: hand the return address and the stack to
-/// Rust and jump there (`mov rdx,[rsp]; jmp`), as always. Clocked
-/// ([`crate::clock`]): the TSC first of all, the fast path called (it
-/// returns the thread clock to charge, or 0), and the TSC again last of
-/// all, both behind `lfence` so that each stamp sits at a fixed
-/// instruction. What the stamps miss (the `call` into the stub and the
-/// return, the stamps' own cost, the charge) is then the same whatever
-/// the handler did, and the calibration measures it once
-/// (`clock::calibrate`). `rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8`-`r11` are
-/// free: the hooks are called as ordinary functions of two arguments.
+/// The hook stubs ([`crate::arch::stubs::hook_stub`]): the unclocked
+/// path and the clocked one, chosen by the clock's flag.
 macro_rules! hook_stub {
     ($unclocked:path, $clocked:path) => {
-        core::arch::naked_asm!(
-            "cmp byte ptr [rip + {clocked}], 0",
-            "jne 2f",
-            "mov rdx, [rsp]",
-            "lea rcx, [rsp + 8]",
-            "xor r8d, r8d",
-            "jmp {unclocked}",
-            "2:",
-            crate::clock::tsc_stamp!(rax),
-            "mov r8, rax",
-            // Aligns the stack for the call.
-            "push r8",
-            "mov rdx, [rsp + 8]",
-            "lea rcx, [rsp + 16]",
-            "call {clocked_fast}",
-            "pop r8",
-            "test rax, rax",
-            "jz 3f",
-            "mov rdi, rax",
-            crate::clock::tsc_stamp!(rax),
-            "mov rsi, rax",
-            "jmp {end}",
-            "3:",
-            "ret",
-            clocked = sym crate::clock::FASTINST_CLOCKED,
-            unclocked = sym $unclocked,
-            clocked_fast = sym $clocked,
-            end = sym crate::clock::end_fi,
+        crate::arch::stubs::hook_stub!(
+            $unclocked,
+            $clocked,
+            flag: crate::clock::FASTINST_CLOCKED,
+            end: crate::clock::end_fi
         )
     };
 }

@@ -81,6 +81,7 @@
 //! ```
 
 mod api;
+mod arch;
 pub mod attach;
 mod attached;
 pub mod c_abi;
@@ -108,7 +109,6 @@ mod sled;
 pub mod spin;
 mod stats;
 mod timeline;
-mod tls;
 mod toggle;
 mod tools;
 mod trace;

@@ -19,7 +19,7 @@
 //! out a thread's: the control block's self pointers, the stack-protector
 //! canary and pointer guard copied from the creating thread, and below it a
 //! zeroed static TLS area as deep as the runtime's own slots lie
-//! ([`crate::tls`]), so those slots are its own. The DTV pointer is null:
+//! ([`crate::arch::tls`]), so those slots are its own. The DTV pointer is null:
 //! a dynamic TLS access faults at once instead of reading another thread's
 //! data. Every signal is blocked in it (it inherits the mask set around
 //! `clone`), so no handler of the application ever runs on it.
@@ -31,20 +31,11 @@ const STACK: usize = 256 << 10;
 /// Bytes above the thread pointer: glibc's control block is ~0x700 bytes.
 const TCB: usize = 4096;
 
-/// The thread pointer of the calling thread (glibc stores it at `fs:0`).
-fn thread_pointer() -> usize {
-    let v: usize;
-    // SAFETY: reads the first word of this thread's control block, which
-    // glibc keeps pointing at itself.
-    unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) v, options(nostack, readonly, preserves_flags)) };
-    v
-}
-
 /// A word of the calling thread's control block.
 fn tcb_word(offset: usize) -> usize {
     // SAFETY: glibc's x86-64 control block is at least 0x40 bytes and
     // mapped for every thread; `offset` is one of the fixed fields below.
-    unsafe { *((thread_pointer() + offset) as *const usize) }
+    unsafe { *((crate::arch::cpu::thread_pointer() + offset) as *const usize) }
 }
 
 /// Sets this thread's signal mask with the system call itself (glibc's
@@ -68,7 +59,7 @@ fn set_mask(mask: u64) -> u64 {
 
 /// Starts `entry(arg)` on a new raw thread; it exits when `entry` returns.
 /// `tls_depth` is how far below the thread pointer the TLS it may touch
-/// reaches (see [`crate::tls::depth`]). Returns the thread's id.
+/// reaches (see [`crate::arch::tls::depth`]). Returns the thread's id.
 ///
 /// # Safety
 /// `entry` and everything it calls must keep to what the module doc
@@ -119,37 +110,10 @@ pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: u
         | libc::CLONE_PARENT_SETTID) as usize;
     let mut tid: i32 = 0;
     let old = set_mask(!0);
-    let ret: isize;
-    // clone(flags, stack, &tid, 0, tls); the parent continues below with
-    // `ret` the child's id or -errno.
-    // SAFETY: the child starts on its own stack with every register as here,
-    // calls `entry(arg)` from r12/r13 (kept by the system call) and exits
-    // the thread: it never returns into this function's frame.
-    unsafe {
-        core::arch::asm!(
-            "syscall",
-            "test rax, rax",
-            "jnz 2f",
-            "xor ebp, ebp",
-            "mov rdi, r13",
-            "call r12",
-            "xor edi, edi",
-            "mov eax, 60",
-            "syscall",
-            "ud2",
-            "2:",
-            inlateout("rax") libc::SYS_clone as isize => ret,
-            in("rdi") flags,
-            in("rsi") stack_top,
-            in("rdx") &mut tid as *mut i32,
-            in("r10") 0usize,
-            in("r8") tp,
-            in("r12") entry as usize,
-            in("r13") arg,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
-        )
-    };
+    // SAFETY: a thread's flags; the stack and the control block were just
+    // mapped for it alone; `tid` outlives the call; `entry` keeps to what
+    // the module doc allows (this function's contract).
+    let ret = unsafe { crate::arch::cpu::clone_thread(flags, stack_top, &mut tid, tp, entry, arg) };
     set_mask(old);
     if ret < 0 {
         // SAFETY: no thread was made; both mappings are ours alone.
@@ -215,29 +179,7 @@ fn clock_ns(clock: i64) -> Option<u64> {
     (ret == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// A system call of up to five arguments (unused ones 0), made directly
-/// (no libc, no `errno`): the raw return value, negative for an error.
-///
-/// # Safety
-/// The arguments must be valid for system call `nr`.
-pub(crate) unsafe fn syscall(nr: libc::c_long, a: usize, b: usize, c: usize, d: usize, e: usize) -> isize {
-    let ret: isize;
-    // SAFETY: the caller's contract; the kernel clobbers rcx and r11 only.
-    unsafe {
-        core::arch::asm!(
-            "syscall",
-            inlateout("rax") nr as isize => ret,
-            in("rdi") a,
-            in("rsi") b,
-            in("rdx") c,
-            in("r10") d,
-            in("r8") e,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack)
-        )
-    };
-    ret
-}
+pub(crate) use crate::arch::cpu::syscall;
 
 /// Sets the calling thread's timer slack to `ns` (how late the kernel may
 /// end its sleeps to batch wake-ups; 50 us by default).
@@ -258,9 +200,9 @@ mod tests {
         // Its own static TLS: the slot starts zeroed here, whatever the
         // creating thread holds (nothing follows the value: no sled runs
         // on either thread).
-        let own = crate::tls::sled_shadow();
-        crate::tls::set_sled_shadow(own + 1);
-        SEEN.store(((arg as u64) << 8) | crate::tls::sled_shadow(), Ordering::Release);
+        let own = crate::arch::tls::sled_shadow();
+        crate::arch::tls::set_sled_shadow(own + 1);
+        SEEN.store(((arg as u64) << 8) | crate::arch::tls::sled_shadow(), Ordering::Release);
     }
 
     #[test]
@@ -285,9 +227,9 @@ mod tests {
 
     #[test]
     fn a_raw_thread_runs_with_its_own_tls_and_exits() {
-        crate::tls::set_sled_shadow(41);
+        crate::arch::tls::set_sled_shadow(41);
         // SAFETY: `body` uses atomics, a TLS slot and `sleep` only.
-        let tid = unsafe { spawn(body, 7, crate::tls::depth()) }.expect("clone");
+        let tid = unsafe { spawn(body, 7, crate::arch::tls::depth()) }.expect("clone");
         assert!(tid > 0);
         let t0 = std::time::Instant::now();
         while SEEN.load(Ordering::Acquire) == 0 {
@@ -295,8 +237,12 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(SEEN.load(Ordering::Acquire), (7 << 8) | 1);
-        assert_eq!(crate::tls::sled_shadow(), 41, "the creating thread's slot is its own");
-        crate::tls::set_sled_shadow(0);
+        assert_eq!(
+            crate::arch::tls::sled_shadow(),
+            41,
+            "the creating thread's slot is its own"
+        );
+        crate::arch::tls::set_sled_shadow(0);
         // The thread is gone once /proc no longer lists it.
         let task = format!("/proc/self/task/{tid}");
         while std::path::Path::new(&task).exists() {

@@ -202,7 +202,7 @@ struct Local(Arc<Thread>);
 
 impl Drop for Local {
     fn drop(&mut self) {
-        crate::tls::set_profile_store(0);
+        crate::arch::tls::set_profile_store(0);
         // Calls still open when the thread ends (its body, a call left by
         // `pthread_exit`) end now.
         let now = tsc::now();
@@ -235,7 +235,7 @@ fn new_thread() -> Arc<Thread> {
 /// tool-store TLS slot is the profiler's too: one tool runs per process.
 #[inline(always)]
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
-    let p = crate::tls::profile_store() as *const Thread;
+    let p = crate::arch::tls::profile_store() as *const Thread;
     if !p.is_null() {
         // SAFETY: a non-zero word points at this thread's record, which its
         // `Local` keeps alive until it clears the word.
@@ -243,7 +243,7 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> Option<R> {
     }
     LOCAL
         .try_with(|l| {
-            crate::tls::set_profile_store(Arc::as_ptr(&l.0) as u64);
+            crate::arch::tls::set_profile_store(Arc::as_ptr(&l.0) as u64);
             f(&mut l.0.state.lock())
         })
         .ok()

@@ -27,6 +27,9 @@
 //! the model, which this project tests by stress (`stress` crate).
 #![warn(missing_docs)]
 
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("wordpatch patches x86-64 machine code: it builds for x86_64 only");
+
 mod code_bytes;
 mod config;
 mod default_wait;

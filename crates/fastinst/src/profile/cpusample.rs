@@ -282,7 +282,7 @@ extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
     // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.
     let pc = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
-    let pc = pc & !IN_HOOK | if crate::tls::guard_get() { IN_HOOK } else { 0 };
+    let pc = pc & !IN_HOOK | if crate::arch::tls::guard_get() { IN_HOOK } else { 0 };
     let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
     let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
     if i < CAPACITY && !buf.is_null() {

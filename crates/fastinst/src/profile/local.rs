@@ -2,7 +2,7 @@
 //!
 //! A `thread_local!` owns the store (its destructor drops the frames a
 //! thread that exits leaves open); a static TLS word mirrors a pointer to
-//! it ([`crate::tls`]), because the `thread_local!` access in a shared
+//! it ([`crate::arch::tls`]), because the `thread_local!` access in a shared
 //! object is a `__tls_get_addr` call, twice per sample. The word is set when
 //! the store is first reached and cleared by the destructor before the
 //! store can go, so a non-zero word always points at a live store.
@@ -19,7 +19,7 @@ struct Local(Arc<ThreadStore>);
 
 impl Drop for Local {
     fn drop(&mut self) {
-        crate::tls::set_profile_store(0);
+        crate::arch::tls::set_profile_store(0);
         // The thread is exiting: its open frames will never exit.
         // SAFETY: the destructor runs on the owning thread, and with the
         // word above cleared no handler reaches the shadow stack after it.
@@ -86,7 +86,7 @@ fn new_store() -> Arc<ThreadStore> {
 /// Runs `f` on this thread's store; `None` while the thread is exiting.
 #[inline(always)]
 pub(super) fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
-    let p = crate::tls::profile_store() as *const ThreadStore;
+    let p = crate::arch::tls::profile_store() as *const ThreadStore;
     if !p.is_null() {
         // SAFETY: a non-zero word points at this thread's store, which its
         // `Local` keeps alive until it clears the word. Only this thread
@@ -101,7 +101,7 @@ pub(super) fn with_local<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> O
 fn first_use<R>(f: impl FnOnce(&ThreadStore, &mut Shadow) -> R) -> Option<R> {
     LOCAL
         .try_with(|l| {
-            crate::tls::set_profile_store(Arc::as_ptr(&l.0) as u64);
+            crate::arch::tls::set_profile_store(Arc::as_ptr(&l.0) as u64);
             // SAFETY: as in `with_local`.
             let sh = unsafe { &mut *l.0.shadow.get() };
             f(&l.0, sh)

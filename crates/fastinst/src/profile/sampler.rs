@@ -246,7 +246,7 @@ pub(super) fn start_sampler() {
         // SAFETY: `sampler_raw` and `epoch` allocate nothing, park on no
         // lock and call no libc function (see `epoch`); the buffer is
         // leaked to the thread, which runs until the process exits.
-        match unsafe { crate::rawthread::spawn(sampler_raw, due, crate::tls::depth()) } {
+        match unsafe { crate::rawthread::spawn(sampler_raw, due, crate::arch::tls::depth()) } {
             Ok(_) => return,
             Err(e) => crate::log::warn(format_args!(
                 "profile: cannot start the raw sampler thread ({e}); using a regular thread"

@@ -99,16 +99,16 @@ struct Stack {
 
 const BYTES: usize = std::mem::size_of::<Stack>();
 
-// This thread's shadow stack: a static TLS word ([`crate::tls`]), read on
+// This thread's shadow stack: a static TLS word ([`crate::arch::tls`]), read on
 // every sled invocation.
 #[inline(always)]
 fn tls_get() -> *mut Stack {
-    crate::tls::sled_shadow() as *mut Stack
+    crate::arch::tls::sled_shadow() as *mut Stack
 }
 
 #[inline(always)]
 fn tls_set(p: *mut Stack) {
-    crate::tls::set_sled_shadow(p as u64)
+    crate::arch::tls::set_sled_shadow(p as u64)
 }
 
 static KEY: std::sync::OnceLock<Option<libc::pthread_key_t>> = std::sync::OnceLock::new();
@@ -242,7 +242,7 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 /// of the function's return-address slot.
 pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -> usize {
     let id = ProbeId::new(raw_id);
-    if crate::tls::guard_get() {
+    if crate::arch::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
         return 0;
@@ -264,7 +264,7 @@ pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -
         ret
     };
     let (clock, started) = crate::clock::begin_hook(started);
-    crate::tls::set_exit_declined(0);
+    crate::arch::tls::set_exit_declined(0);
     hooks::fire_unclocked(id, caller, slot as u64, cfa, started);
     watch_exit(id, slot, cfa, ret, chained);
     clock
@@ -280,7 +280,7 @@ pub(crate) const CALIBRATION_ID: ProbeId = ProbeId::new(providers::tag::MAX_SIGN
 /// its exit probe is on and its entry handler did not decline ([`decline_exit`]).
 #[inline(always)]
 fn watch_exit(id: ProbeId, slot: *mut u64, cfa: u64, ret: u64, chained: bool) {
-    if crate::tls::take_exit_declined() {
+    if crate::arch::tls::take_exit_declined() {
         return;
     }
     let tramp = return_addr();
@@ -377,7 +377,7 @@ fn sled_return_inner(cfa: u64, started: u64) -> u64 {
     // the address it returns through.
     unsafe { slot.write(e.orig) };
     EXITS.fetch_add(1, Ordering::Relaxed);
-    if !crate::tls::guard_get() {
+    if !crate::arch::tls::guard_get() {
         hooks::fire_unclocked(e.exit, caller, slot as u64, cfa, started);
     }
     e.orig

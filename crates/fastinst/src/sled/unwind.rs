@@ -67,8 +67,8 @@ pub(crate) fn init() {
     }
 }
 
-// The entry points are naked stubs that put the return addresses back,
-// then *jump* to the real function: the unwinder starts from its caller's
+// The entry points are naked stubs (`crate::arch::stubs::forward_stub`)
+// that put the return addresses back, then *jump* to the real function: the unwinder starts from its caller's
 // frame (`_Unwind_Resume` continues the unwinding of the function that
 // called it), so no frame of ours may stand between them. When these
 // were Rust functions that called the real one, `_Unwind_Resume` sat
@@ -87,25 +87,7 @@ macro_rules! forward {
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            core::arch::naked_asm!(
-                "push rdi",
-                "push rsi",
-                "push rdx",
-                "push rcx",
-                "push r8",
-                "push r9",
-                "sub rsp, 8",
-                "call {prepare}",
-                "add rsp, 8",
-                "pop r9",
-                "pop r8",
-                "pop rcx",
-                "pop rdx",
-                "pop rsi",
-                "pop rdi",
-                "jmp rax",
-                prepare = sym $prepare,
-            )
+            crate::arch::stubs::forward_stub!($prepare)
         }
 
         /// Puts the thread's return addresses back and returns where the
