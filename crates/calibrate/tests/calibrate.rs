@@ -88,8 +88,8 @@ fn the_benchmark_sees_failures_at_wait_zero() {
     let failing = cells.iter().flatten().filter(|(f, _)| *f > 0).count();
     if failing == 0 {
         // Whether W = 0 tears is the CPU's business: some (this project's
-        // Intel VMs) tear within seconds, others (an AMD EPYC CI machine ran
-        // 173 M toggles clean) never do here. What the tool owes then is
+        // Intel VMs) tear within seconds, others (an AMD EPYC CI machine)
+        // ran this whole sweep clean. What the tool owes then is
         // honesty: it must say that a clean wait proves nothing and never
         // recommend a T_max it has no evidence for. That the trials'
         // crashes are counted at all is proven by the stress crate's naive

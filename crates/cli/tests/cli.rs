@@ -220,17 +220,16 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
 /// three of four runs.
 ///
 /// Under load the estimate once read half the calls with a small
-/// deviation (1390 +- 374 in CI). Two causes are fixed: a hook's time read
-/// while its thread waited for a CPU inside it ran ahead of what the hook
-/// was charged, so the next stretch's hooks read as the program's own
-/// time; and a lone window in the exit path, whose rate of none stood for
-/// the whole run with the deviation of one window. Three 2-CPU runs of
-/// this program side by side, 45 each: 4 and 7 runs read a function
-/// outside these bounds before, 1 after. The one run in four allowed
-/// outside them is that residue (the hooks' unseen cost, measured once at
+/// deviation. Two causes are fixed: a hook's time read while its thread
+/// waited for a CPU inside it ran ahead of what the hook was charged, so
+/// the next stretch's hooks read as the program's own time; and a lone
+/// window in the exit path, whose rate of none stood for the whole run
+/// with the deviation of one window. The one run in four allowed outside
+/// the bounds is the residue (the hooks' unseen cost, measured once at
 /// start, grows under load, and a window where another function's hooks
-/// are dense reads a rate low). (Not yet `fib`, with 2.4 M calls in
-/// those milliseconds: its estimate is still far off with a small
+/// are dense reads a rate low); the measurements behind this are in
+/// `crates/benches/results/accuracy.md`. (Not yet `fib`, with millions of
+/// calls in those milliseconds: its estimate is still far off with a small
 /// deviation; see the accuracy issue.)
 #[test]
 fn a_run_of_one_epoch_reports_its_busy_functions_honestly() {

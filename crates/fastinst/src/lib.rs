@@ -80,6 +80,7 @@
 //! }
 //! ```
 
+mod altstack;
 mod api;
 mod arch;
 pub mod attach;

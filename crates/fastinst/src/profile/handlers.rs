@@ -20,7 +20,9 @@ use wordpatch::tsc;
 /// higher, and the one activation at a given CFA has one return address
 /// (an inlined function's hooks share both with the function they are
 /// inlined into). What is popped was left by `longjmp`, an exception, or an
-/// exit that was not seen; it is dropped and counted.
+/// exit that was not seen; it is dropped and counted. Not on an alternate
+/// signal stack, where a lower CFA says nothing about the interrupted
+/// stack's frames ([`crate::altstack`]).
 ///
 /// Sled probes (`exact`: the provider gives the CFA) add one more live
 /// case: a function entered by a tail jump from a frame whose exit is
@@ -38,6 +40,7 @@ pub(super) fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exa
     let tail_called_from = |f: &Frame| {
         exact && registry::get(f.entry).is_some_and(|e| (e.meta.site + providers::patchable::SLED_LEN) as u64 == caller)
     };
+    let mut checked = false;
     while let Some(top) = sh.frames.last() {
         let live_here = top.cfa == cfa
             && (top.caller == caller || tail_called_from(top))
@@ -45,6 +48,13 @@ pub(super) fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exa
             && !(entering == Some(top.func) && top.caller == caller);
         if top.cfa > cfa || live_here {
             break;
+        }
+        if !checked {
+            // On an alternate signal stack, a lower CFA says nothing.
+            if top.cfa != 0 && !crate::altstack::may_drop(top.cfa) {
+                break;
+            }
+            checked = true;
         }
         if let Some(g) = p.funcs.get(top.func) {
             g.outstanding.fetch_sub(1, Ordering::Relaxed);

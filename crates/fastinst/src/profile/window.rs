@@ -237,8 +237,8 @@ impl Estimate {
                 // but which of the two held there is unknown: their
                 // difference is part of its uncertainty. (Without it, a
                 // short run whose one later window fell in the exit path,
-                // where the function is no longer called, read 65 of its
-                // 3,000 calls with a deviation of 357.)
+                // where the function is no longer called, read a few
+                // percent of its calls with the deviation of one window.)
                 if let Some(r0) = self.last_rate.filter(|_| self.gap_to_next) {
                     self.var += (gap * (r - r0)).powi(2);
                 }

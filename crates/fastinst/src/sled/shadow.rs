@@ -197,22 +197,6 @@ fn chained_caller(s: *mut Stack, cfa: u64, below: usize) -> u64 {
         .map_or(0, |p| (p.meta.site + providers::patchable::SLED_LEN) as u64)
 }
 
-/// Whether entries below the current frame may be dropped: not when this
-/// code runs on an alternate signal stack and the entry is elsewhere.
-fn may_drop(cfa: u64) -> bool {
-    let mut ss: libc::stack_t = libc::stack_t {
-        ss_sp: std::ptr::null_mut(),
-        ss_flags: 0,
-        ss_size: 0,
-    };
-    // SAFETY: querying only (NULL new stack); sigaltstack is async-signal-safe.
-    if unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) } != 0 || ss.ss_flags & libc::SS_ONSTACK == 0 {
-        return true;
-    }
-    let lo = ss.ss_sp as u64;
-    cfa > lo && cfa <= lo + ss.ss_size as u64
-}
-
 fn prune(s: *mut Stack, cfa: u64, chained: bool) {
     let mut checked = false;
     loop {
@@ -226,7 +210,7 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
             return;
         }
         if !checked {
-            if !may_drop(e.cfa) {
+            if !crate::altstack::may_drop(e.cfa) {
                 return;
             }
             checked = true;
