@@ -72,7 +72,7 @@ mod tests {
             unsafe {
                 assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
                 let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = on_signal as usize;
+                sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
                 sa.sa_flags = libc::SA_ONSTACK;
                 assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
                 assert_eq!(libc::pthread_kill(libc::pthread_self(), sig), 0);
