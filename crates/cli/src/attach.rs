@@ -21,8 +21,9 @@ docs/attach.md.
 options:
   --duration S      seconds to stay attached (default: until Ctrl-C)
   and those of `fastinst run` that configure the runtime: --tool, --out,
-  --samples, --epoch-ms, --windows, --no-cpu, --inlined, --strategy,
-  --log, --lib (not --signal, --client or --print)
+  --samples, --epoch-ms, --windows, --no-cpu, --functions, --exclude,
+  --modules, --min-duration, --depth, --inlined, --strategy, --log, --lib
+  (not --signal, --client or --print)
   -h, --help        this text
 ";
 

@@ -37,6 +37,12 @@ options:
   --exclude GLOBS   every tool: never probe the functions matching these
   --modules GLOBS   every tool: probe only the functions in these modules
                     (the executable's or a library's file name)
+  --min-duration D  trace and profiler timelines: keep only calls that
+                    lasted at least D (wall time; 250us, 1.5ms, 2s; a bare
+                    number is microseconds): each slow call with the calls
+                    around it, its path; the others are counted
+  --depth N         trace timeline: keep only calls at most N deep on
+                    their thread (the outermost traced call is 1)
   --inlined         every tool: also count, time and sample the copies of
                     functions that gcc's -finstrument-functions left
                     inlined in others (off by default: their time is
@@ -120,6 +126,19 @@ pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a 
         (n @ "--exclude", i) => r.env.push(("FASTINST_EXCLUDE", a.value(n, i)?.into())),
         (n @ "--modules", i) => r.env.push(("FASTINST_MODULES", a.value(n, i)?.into())),
         ("--no-cpu", None) => r.env.push(("FASTINST_PROFILE_CPU", "0".into())),
+        (n @ "--min-duration", i) => {
+            let v = a.value(n, i)?;
+            let us = duration_us(v)
+                .ok_or_else(|| a.usage(format!("{n}: `{v}` is not a duration (a number with ns, us, ms or s)")))?;
+            r.env.push(("FASTINST_MIN_DURATION_US", a_value(us)));
+        }
+        (n @ "--depth", i) => {
+            let d: u32 = a.parsed(n, i, "a whole number")?;
+            if d == 0 {
+                return Err(a.usage(format!("{n}: the outermost call is at depth 1")));
+            }
+            r.env.push(("FASTINST_MAX_DEPTH", d.to_string()));
+        }
         (n @ "--windows", i) => {
             let w: u32 = a.parsed(n, i, "a whole number")?;
             if !(1..=64).contains(&w) {
@@ -176,6 +195,18 @@ pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a 
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// `v` (a number with `ns`, `us`, `ms` or `s`; bare: microseconds) in
+/// microseconds, if it is a duration of zero or more.
+fn duration_us(v: &str) -> Option<f64> {
+    let v = v.trim();
+    let (num, scale) = [("ns", 1e-3), ("us", 1.0), ("ms", 1e3), ("s", 1e6)]
+        .iter()
+        .find_map(|&(unit, scale)| v.strip_suffix(unit).map(|n| (n, scale)))
+        .unwrap_or((v, 1.0));
+    let x: f64 = num.trim().parse().ok()?;
+    (x >= 0.0 && x.is_finite()).then_some(x * scale)
 }
 
 /// A number as the library reads it (no exponent).
@@ -333,6 +364,26 @@ mod tests {
             ]
         );
         assert_eq!(r.command, v(&["./app", "-x", "--tool"]));
+    }
+
+    #[test]
+    fn durations_and_depths_become_environment() {
+        for (d, us) in [
+            ("250us", "250"),
+            ("1.5ms", "1500"),
+            ("2s", "2000000"),
+            ("40", "40"),
+            ("500ns", "0.5"),
+        ] {
+            let r = parse(&v(&["--min-duration", d, "./app"])).unwrap().unwrap();
+            assert_eq!(r.env, vec![("FASTINST_MIN_DURATION_US", us.to_string())], "{d}");
+        }
+        let r = parse(&v(&["--depth", "3", "./app"])).unwrap().unwrap();
+        assert_eq!(r.env, vec![("FASTINST_MAX_DEPTH", "3".to_string())]);
+        let e = |a: &[&str]| parse(&v(a)).unwrap_err().to_string();
+        assert!(e(&["--min-duration", "fast", "x"]).contains("not a duration"));
+        assert!(e(&["--min-duration", "-1ms", "x"]).contains("not a duration"));
+        assert!(e(&["--depth", "0", "x"]).contains("depth 1"));
     }
 
     #[test]

@@ -683,6 +683,49 @@ fn every_run_option_reaches_the_runtime() {
     let tl = timeline(&dir.join("trace100"), "fastinst-trace.");
     assert_eq!(slices(&tl).len(), 100);
     assert_eq!(tl["otherData"]["dropped_calls"].as_u64(), Some(calls - 100));
+    // --min-duration: only calls that lasted 1 ms or more are kept (`main`,
+    // and the few calls a preemption stretched), each inside the longer
+    // calls around it; the others are counted as filtered.
+    let o = fastinst(
+        &[
+            "run",
+            "--tool",
+            "trace",
+            "--min-duration",
+            "1ms",
+            "--out",
+            "slow",
+            "--",
+            app_s,
+        ],
+        &dir,
+    );
+    ok(&o);
+    let tl = timeline(&dir.join("slow"), "fastinst-trace.");
+    let kept = slices(&tl);
+    assert!(
+        kept.iter().all(|e| e["dur"].as_f64().unwrap() >= 999.99),
+        "a call under 1 ms kept: {kept:?}"
+    );
+    assert!(kept.iter().any(|e| e["name"] == "main"), "{kept:?}");
+    let filtered = tl["otherData"]["filtered_calls"].as_u64().unwrap();
+    let dropped = tl["otherData"]["dropped_calls"].as_u64().unwrap();
+    assert_eq!(kept.len() as u64 + filtered + dropped, calls);
+    assert!(kept.len() < 1_000, "{} calls of 1 ms or more", kept.len());
+    // --depth 2: `main` and the calls it makes (`work`, 3,000 times), none
+    // deeper.
+    let o = fastinst(
+        &[
+            "run", "--tool", "trace", "--depth", "2", "--out", "shallow", "--", app_s,
+        ],
+        &dir,
+    );
+    ok(&o);
+    let tl = timeline(&dir.join("shallow"), "fastinst-trace.");
+    let kept = slices(&tl);
+    let named = |n: &str| kept.iter().filter(|e| e["name"] == n).count();
+    assert_eq!((named("main"), named("work"), kept.len()), (1, 3000, 3001));
+    assert_eq!(tl["otherData"]["filtered_calls"].as_u64(), Some(calls - 3001));
     // --tool off: the program runs, nothing is written.
     let o = fastinst(&["run", "--tool", "off", "--out", "off", "--", app_s], &dir);
     ok(&o);

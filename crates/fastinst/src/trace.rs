@@ -284,7 +284,17 @@ impl State {
             a.open_at_exit += 1;
         }
         if let Some(t) = get() {
-            t.timeline.push(self.tid, fr.func, fr.t0, t1, d, 1);
+            // Its depth: the frames still open below it, plus itself.
+            let depth = u32::try_from(self.frames.len() + 1).unwrap_or(u32::MAX);
+            t.timeline.push(crate::timeline::Call {
+                tid: self.tid,
+                func: fr.func,
+                start: fr.t0,
+                end: t1,
+                own: d,
+                weight: 1,
+                depth,
+            });
         }
         let (pf, pouter) = parent.unwrap_or((u32::MAX, false));
         let e = self.edges.entry((pf, fr.func)).or_default();
@@ -460,6 +470,7 @@ fn write_timeline(t: &Tracer, r: &Report) -> std::io::Result<Option<PathBuf>> {
         origin: t.start.lock().0,
         ticks_per_us: r.tsc_mhz,
         dropped: t.timeline.dropped(),
+        filtered: t.timeline.filtered(),
     };
     let path = t.out.join(format!("fastinst-trace.{}.timeline.json.gz", r.pid));
     fastinst_report::timeline::write_file(&tl, &path)?;

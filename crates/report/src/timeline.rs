@@ -57,6 +57,9 @@ pub struct Timeline {
     pub ticks_per_us: f64,
     /// Calls that ended after the timeline was full.
     pub dropped: u64,
+    /// Calls its filters left out: shorter than the minimum duration, or
+    /// deeper than the depth limit.
+    pub filtered: u64,
 }
 
 /// Writes `t` as Chrome trace-event JSON. Each track's slices are written
@@ -66,9 +69,10 @@ pub fn write_chrome<W: Write>(t: &Timeline, w: &mut W) -> io::Result<()> {
     let name = |fi: u32| t.names.get(fi as usize).map_or("[unknown]", String::as_str);
     write!(
         w,
-        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"tool\":{},\"dropped_calls\":{}}},\"traceEvents\":[",
+        "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"tool\":{},\"dropped_calls\":{},\"filtered_calls\":{}}},\"traceEvents\":[",
         serde_json::to_string(&t.tool).map_err(io::Error::other)?,
-        t.dropped
+        t.dropped,
+        t.filtered
     )?;
     let mut first = true;
     let mut sep = |w: &mut W| -> io::Result<()> {
@@ -176,11 +180,13 @@ mod tests {
             origin: 1_000,
             ticks_per_us: 1_000.0,
             dropped: 3,
+            filtered: 5,
         };
         let mut out = Vec::new();
         write_chrome(&t, &mut out).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
         assert_eq!(v["otherData"]["dropped_calls"], 3);
+        assert_eq!(v["otherData"]["filtered_calls"], 5);
         assert_eq!(v["otherData"]["tool"], "fastinst profile");
         let ev = v["traceEvents"].as_array().unwrap();
         let meta: Vec<&str> = ev

@@ -63,7 +63,15 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
         agg.fold();
     }
     drop(agg);
-    p.timeline.push(store.tid, fi, done.t0, t, dur, done.weight);
+    p.timeline.push(crate::timeline::Call {
+        tid: store.tid,
+        func: fi,
+        start: done.t0,
+        end: t,
+        own: dur,
+        weight: done.weight,
+        depth: 0,
+    });
     Counters::add_own(&store.counts.samples, 1);
     Some(fi)
 }

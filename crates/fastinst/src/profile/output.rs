@@ -64,6 +64,7 @@ fn write_timeline(p: &Profiler, r: &report::Report) -> std::io::Result<Option<st
         origin: p.start.lock().0,
         ticks_per_us: r.tsc_mhz,
         dropped: p.timeline.dropped(),
+        filtered: p.timeline.filtered(),
     };
     let path = p.out.join(format!("fastinst-profile.{}.timeline.json.gz", r.pid));
     fastinst_report::timeline::write_file(&tl, &path)?;
