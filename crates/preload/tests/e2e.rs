@@ -184,19 +184,14 @@ fn threads_fork_exceptions_and_shared_libraries() {
 #[test]
 fn c_api_program_every_strategy() {
     let dir = scratch("capi");
-    let lib = lib();
-    let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
     for cc in COMPILERS {
         for opt in ["-O0", "-O2"] {
-            let bin = dir.join(format!("api-{cc}{opt}"));
-            let inc = format!("-I{}", include_dir().display());
-            let l = format!("-L{libdir}");
-            let rp = format!("-Wl,-rpath,{libdir}");
-            build(
+            let bin = build_api_program(
                 cc,
-                &[&src("api_test.c")],
-                &[opt, "-finstrument-functions", "-pthread", &inc, &l, "-lfastinst", &rp],
-                &bin,
+                "api_test.c",
+                &[opt, "-finstrument-functions", "-pthread"],
+                &dir,
+                &format!("api-{cc}{opt}"),
             );
             for strategy in STRATEGIES {
                 // The program drives every probe itself: no tool may switch
@@ -216,8 +211,6 @@ fn c_api_program_every_strategy() {
 #[test]
 fn a_dlclosed_librarys_probes_answer_eunloaded() {
     let dir = scratch("unloaded");
-    let lib = lib();
-    let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
     for cc in COMPILERS {
         let so = dir.join(format!("libgone-{cc}.so"));
         build(
@@ -226,16 +219,7 @@ fn a_dlclosed_librarys_probes_answer_eunloaded() {
             &["-O2", "-fPIC", "-shared", "-finstrument-functions"],
             &so,
         );
-        let bin = dir.join(format!("unloaded-{cc}"));
-        let inc = format!("-I{}", include_dir().display());
-        let l = format!("-L{libdir}");
-        let rp = format!("-Wl,-rpath,{libdir}");
-        build(
-            cc,
-            &[&src("unloaded.c")],
-            &["-O2", &inc, &l, "-lfastinst", &rp, "-ldl"],
-            &bin,
-        );
+        let bin = build_api_program(cc, "unloaded.c", &["-O2", "-ldl"], &dir, &format!("unloaded-{cc}"));
         let so_s = so.to_string_lossy().into_owned();
         let o = run(&bin, &[&so_s], &dir, false, &[("FASTINST_TOOL", "none")]);
         let out = ok_stdout(&o, &format!("unloaded {cc}"));
@@ -250,18 +234,13 @@ fn a_dlclosed_librarys_probes_answer_eunloaded() {
 #[test]
 fn a_site_written_behind_the_runtimes_back_answers_epatch() {
     let dir = scratch("epatch");
-    let lib = lib();
-    let libdir = lib.parent().unwrap().to_string_lossy().into_owned();
     for cc in COMPILERS {
-        let bin = dir.join(format!("foreign-{cc}"));
-        let inc = format!("-I{}", include_dir().display());
-        let l = format!("-L{libdir}");
-        let rp = format!("-Wl,-rpath,{libdir}");
-        build(
+        let bin = build_api_program(
             cc,
-            &[&src("foreign_write.c")],
-            &["-O2", "-finstrument-functions", &inc, &l, "-lfastinst", &rp],
-            &bin,
+            "foreign_write.c",
+            &["-O2", "-finstrument-functions"],
+            &dir,
+            &format!("foreign-{cc}"),
         );
         let o = run(&bin, &[], &dir, false, &[("FASTINST_TOOL", "none")]);
         let out = ok_stdout(&o, &format!("foreign_write {cc}"));
@@ -276,16 +255,12 @@ fn a_site_written_behind_the_runtimes_back_answers_epatch() {
 #[test]
 fn inlined_copies_of_a_tail_exit_function_are_discovered_and_switched_off() {
     let dir = scratch("tail-inlined");
-    let libdir = lib().parent().unwrap().to_string_lossy().into_owned();
-    let bin = dir.join("tail-inlined");
-    let inc = format!("-I{}", include_dir().display());
-    let l = format!("-L{libdir}");
-    let rp = format!("-Wl,-rpath,{libdir}");
-    build(
+    let bin = build_api_program(
         "gcc",
-        &[&src("tail_inlined.c")],
-        &["-O2", "-finstrument-functions", &inc, &l, "-lfastinst", &rp],
-        &bin,
+        "tail_inlined.c",
+        &["-O2", "-finstrument-functions"],
+        &dir,
+        "tail-inlined",
     );
     for strategy in ["flip", "word-sync"] {
         let o = run(

@@ -306,18 +306,14 @@ fn dlopen_by_name_keeps_the_callers_runpath_and_starts_the_watcher() {
 #[test]
 fn eight_threads_while_every_probe_toggles_at_every_split() {
     let dir = scratch("sled-toggle");
-    let libdir = lib().parent().unwrap().to_str().unwrap().to_string();
-    let inc = format!("-I{}", include_dir().display());
-    let l = format!("-L{libdir}");
-    let rp = format!("-Wl,-rpath,{libdir}");
     let mut total = 0u64;
     for cc in ["gcc", "clang"] {
-        let bin = dir.join(format!("toggle-{cc}"));
-        build(
+        let bin = build_api_program(
             cc,
-            &[&src("sled_toggle.c")],
-            &["-O2", SLED, "-pthread", &inc, &l, "-lfastinst", &rp],
-            &bin,
+            "sled_toggle.c",
+            &["-O2", SLED, "-pthread"],
+            &dir,
+            &format!("toggle-{cc}"),
         );
         for strategy in STRATEGIES {
             // debug: a failed toggle's C status comes with the error behind it.

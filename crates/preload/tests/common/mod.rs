@@ -61,6 +61,21 @@ pub fn require(cc: &str) {
     );
 }
 
+/// Builds the C API program `source` (in `tests/c`) with `cc` and `flags`,
+/// linked against the library under test (`-lfastinst`, found at run time
+/// by its RUNPATH, and by [`run`]'s `LD_LIBRARY_PATH`), as `dir/name`.
+pub fn build_api_program(cc: &str, source: &str, flags: &[&str], dir: &Path, name: &str) -> PathBuf {
+    let libdir = lib().parent().expect("a directory").to_string_lossy().into_owned();
+    let bin = dir.join(name);
+    let inc = format!("-I{}", include_dir().display());
+    let l = format!("-L{libdir}");
+    let rp = format!("-Wl,-rpath,{libdir}");
+    let mut all: Vec<&str> = flags.to_vec();
+    all.extend([inc.as_str(), &l, "-lfastinst", &rp]);
+    build(cc, &[&src(source)], &all, &bin);
+    bin
+}
+
 /// Compiles `srcs` with `cc` and `flags` into `out`.
 pub fn build(cc: &str, srcs: &[&Path], flags: &[&str], out: &Path) {
     require(cc);
