@@ -84,18 +84,14 @@ impl ThreadClock {
     }
 
     /// Its hook ticks at wall time `now`, counting the part of a hook in
-    /// progress that has run so far (read from another thread, a hook that
-    /// ends meanwhile is counted whole, or from `now`: never twice), capped
-    /// at [`MAX_HOOK`] as the hook's charge will be. (Uncapped, a reading
-    /// taken while the thread waited for a CPU inside a hook ran ahead of
-    /// every later one: the next stretch's hook time read as none, all its
-    /// hooks' time counted as the program's, and, under load, windows read
-    /// their functions' calls at a fraction of their rate.)
+    /// progress that has run so far ([`hook_part`], as its charge will;
+    /// read from another thread, a hook that ends meanwhile is counted
+    /// whole, or from `now`: never twice).
     pub fn hook_ticks_at(&self, now: u64) -> u64 {
         let since = self.open_since.load(Ordering::Acquire);
         let t = self.hook_ticks();
-        if since != 0 && now > since {
-            t + (now - since).min(MAX_HOOK)
+        if since != 0 {
+            t + hook_part(since, now)
         } else {
             t
         }
@@ -255,6 +251,21 @@ pub(crate) fn begin(start: u64) -> Option<&'static ThreadClock> {
 /// four-thread program on two CPUs read 16 times its calls).
 pub const MAX_HOOK: u64 = 50_000;
 
+/// The hook time in a hook's stretch from TSC `since` to `now`: its length,
+/// at most [`MAX_HOOK`] (a longer one was descheduled in the middle, or
+/// discovered a site, and the time its thread did not run is not the
+/// hook's). A hook's charge at its end and every reading of a hook in
+/// progress take it from here, so no reading runs ahead of a later one (a
+/// `flush`, by the running thread itself, charges its whole stretch: later
+/// readings only grow). (A reading that
+/// counted a descheduled hook uncapped did: the next stretch's hook time
+/// read as none, its hooks' time as the program's, and under load windows
+/// read their functions' calls at a fraction of their rate.)
+#[inline(always)]
+fn hook_part(since: u64, now: u64) -> u64 {
+    now.saturating_sub(since).min(MAX_HOOK)
+}
+
 /// Ticks a `-finstrument-functions` hook costs beyond its stamps, and a
 /// sled hook (entry and exit averaged): see `hookcost`. Added to every
 /// hook's stamped time.
@@ -320,11 +331,9 @@ fn end_at(rec: usize, t: u64, unseen: &AtomicU32) {
     // SAFETY: `begin_hook` returned a pointer to this thread's record,
     // which is never freed.
     let rec = unsafe { &*(rec as *const ThreadClock) };
-    // From the stamp, or from where a `flush` left it; a hook longer than
-    // MAX_HOOK was descheduled in the middle (or discovered a site), and
-    // the time the thread did not run is not the hook's.
+    // From the stamp, or from where a `flush` left it.
     let start = rec.open_since.load(Ordering::Relaxed);
-    let d = ((t.wrapping_sub(start) as i64).max(0) as u64).min(MAX_HOOK) + u64::from(unseen.load(Ordering::Relaxed));
+    let d = hook_part(start, t) + u64::from(unseen.load(Ordering::Relaxed));
     // The count first: a reader adds the running part to it, and must not
     // see the running part gone before the count has it.
     rec.hook_ticks.store(rec.hook_ticks() + d, Ordering::Release);

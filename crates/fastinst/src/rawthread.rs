@@ -24,6 +24,7 @@
 //! data. Every signal is blocked in it (it inherits the mask set around
 //! `clone`), so no handler of the application ever runs on it.
 
+use crate::arch::cpu::syscall;
 use std::io;
 
 /// Stack of a raw thread; the sampler needs a few KiB.
@@ -178,8 +179,6 @@ fn clock_ns(clock: i64) -> Option<u64> {
     };
     (ret == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
-
-pub(crate) use crate::arch::cpu::syscall;
 
 /// Sets the calling thread's timer slack to `ns` (how late the kernel may
 /// end its sleeps to batch wake-ups; 50 us by default).

@@ -221,7 +221,7 @@ fn open_event() -> bool {
     // SAFETY: perf_event_open reads `attr` (128 bytes); pid 0 is this
     // thread, cpu -1 any, no group.
     let fd = unsafe {
-        crate::rawthread::syscall(
+        crate::arch::cpu::syscall(
             libc::SYS_perf_event_open,
             &attr as *const PerfAttr as usize,
             0,

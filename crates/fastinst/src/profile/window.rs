@@ -225,25 +225,24 @@ impl Estimate {
         let scatter = if w > 1.0 { scatter * w / (w - 1.0) } else { scatter };
         let var_r = scatter.max(self.n.max(1.0)) / (self.x * self.x);
         let gap = (from - self.mark).max(0.0);
-        let own = match self.last_rate.filter(|_| !self.gap_to_next) {
-            Some(r0) => {
+        let own = match (self.last_rate, self.gap_to_next) {
+            (Some(r0), false) => {
                 self.est += r0 * gap / 2.0;
                 self.var += (gap / 2.0).powi(2) * (r - r0).powi(2);
                 gap / 2.0
             }
-            None => {
-                // The gap after a cut count waits for this rate, as the
-                // rate the count was cut at is biased high for a burst;
-                // but which of the two held there is unknown: their
-                // difference is part of its uncertainty. (Without it, a
-                // short run whose one later window fell in the exit path,
-                // where the function is no longer called, read a few
-                // percent of its calls with the deviation of one window.)
-                if let Some(r0) = self.last_rate.filter(|_| self.gap_to_next) {
-                    self.var += (gap * (r - r0)).powi(2);
-                }
+            // The gap after a cut count waits for this rate, as the rate
+            // the count was cut at is biased high for a burst; but which of
+            // the two held there is unknown: their difference is part of
+            // its uncertainty. (Without it, a short run whose one later
+            // window fell in the exit path, where the function is no longer
+            // called, read a few percent of its calls with the deviation of
+            // one window.)
+            (Some(r0), true) => {
+                self.var += (gap * (r - r0)).powi(2);
                 gap
             }
+            (None, _) => gap,
         };
         let span = own + (to - from).max(0.0);
         self.est += r * span;
