@@ -15,41 +15,54 @@ run() { # name, test command
   git checkout -q crates/
 }
 trap 'git checkout -q crates/' EXIT
+# mutate FILE: replaces, in FILE, the text on stdin before a line `=====`
+# by the text after it; the text must occur exactly once.
+mutate() {
+  python3 -c '
+import sys
+path = sys.argv[1]
+old, new = sys.stdin.read().split("\n=====\n")
+s = open(path).read()
+assert s.count(old) == 1, f"{path}: the text to mutate occurs {s.count(old)} times"
+open(path, "w").write(s.replace(old, new.rstrip("\n")))
+' "$1"
+  git diff --stat | tail -1
+}
 # M1: a renumbered status code (ENOFUNCTION -3 -> -8 in the Rust table).
-python3 - <<'P'
-p='crates/fastinst/src/c_abi.rs'; s=open(p).read()
-s=s.replace('code: -3,\n        name: "FASTINST_ENOFUNCTION"','code: -8,\n        name: "FASTINST_ENOFUNCTION"'); open(p,'w').write(s)
-P
-git diff --stat | tail -1
+mutate crates/fastinst/src/c_abi.rs <<'M'
+        code: -3,
+        name: "FASTINST_ENOFUNCTION",
+=====
+        code: -8,
+        name: "FASTINST_ENOFUNCTION",
+M
 run "renumbered status code" cargo test --release -p fastinst-preload --test c_abi
 # M2: a swallowed error return (fastinst_deactivate reports success whatever happened).
-python3 - <<'P'
-p='crates/preload/src/capi.rs'; s=open(p).read()
-a='    guard(|| fastinst::deactivate(id).map(|_| 0))'
-assert s.count(a)==1
-s=s.replace(a,'    guard(|| {\n        let _ = fastinst::deactivate(id);\n        Ok(0)\n    })'); open(p,'w').write(s)
-P
-git diff --stat | tail -1
+mutate crates/preload/src/capi.rs <<'M'
+    guard(|| fastinst::deactivate(id).map(|_| 0))
+=====
+    guard(|| {
+        let _ = fastinst::deactivate(id);
+        Ok(0)
+    })
+M
 # The C programs load the cdylib, which only a build (or the whole
 # workspace's test) refreshes.
 cargo build --release -q -p fastinst-preload
 run "swallowed error return" cargo test --release --workspace --test e2e -- c_api_program
 # M3: a CLI option parsed but ignored (--epoch-ms never reaches the runtime).
-python3 - <<'P'
-p='crates/cli/src/run.rs'; s=open(p).read()
-a='            r.env.push(("FASTINST_PROFILE_EPOCH_MS", a_value(ms)));'
-assert s.count(a)==1
-s=s.replace(a,'            let _ = a_value(ms);'); open(p,'w').write(s)
-P
-git diff --stat | tail -1
+mutate crates/cli/src/run.rs <<'M'
+            r.env.push(("FASTINST_PROFILE_EPOCH_MS", a_value(ms)));
+=====
+            let _ = a_value(ms);
+M
 run "option parsed but ignored" cargo test --release -p fastinst-cli --test cli -- every_run_option_reaches_the_runtime
 # M4: a toggle that tears once in 10^7, at one split only.
-python3 - <<'P'
-p='crates/callpatch/src/site.rs'; s=open(p).read()
-a='''        let at = (self.addr + v.start) as *mut u8;
-        // SAFETY: the region lies in one line'''
-assert s.count(a)==1
-s=s.replace(a,'''        let at = (self.addr + v.start) as *mut u8;
+mutate crates/callpatch/src/site.rs <<'M'
+        let at = (self.addr + v.start) as *mut u8;
+        // SAFETY: the region lies in one line
+=====
+        let at = (self.addr + v.start) as *mut u8;
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         if self.addr % 64 == 62 && N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000_000 == 9_999_999 {
             // SAFETY: the mutant: a torn state held for a moment.
@@ -59,9 +72,8 @@ s=s.replace(a,'''        let at = (self.addr + v.start) as *mut u8;
             // SAFETY: as below.
             let _ = unsafe { store_in_line(at, &from[r.clone()], None) };
         }
-        // SAFETY: the region lies in one line'''); open(p,'w').write(s)
-P
-git diff --stat | tail -1
+        // SAFETY: the region lies in one line
+M
 run "toggle torn once in 10^7 at one split" cargo test --release -p stress --test stress -- callpatch_flip_every_form_and_split
 # The cdylib the second mutant built goes back to the real code.
 cargo build --release -q -p fastinst-preload
