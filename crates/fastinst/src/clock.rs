@@ -84,7 +84,7 @@ impl ThreadClock {
     }
 
     /// Its hook ticks at wall time `now`, counting the part of a hook in
-    /// progress that has run so far ([`hook_part`], as its charge will;
+    /// progress that has run so far (at most [`MAX_HOOK`], as its charge;
     /// read from another thread, a hook that ends meanwhile is counted
     /// whole, or from `now`: never twice).
     pub fn hook_ticks_at(&self, now: u64) -> u64 {
