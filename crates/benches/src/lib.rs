@@ -99,7 +99,8 @@ macro_rules! common_options_usage {
         "  --programs LIST     a subset of the programs above (lua, zstd and demo
                       only in fastinst-accuracy)
   --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
-                      -fpatchable-function-entry=5 builds)
+                      -fpatchable-function-entry=5 builds); also gcc-pg
+                      (-pg -mfentry) and clang-pg (-pg)
   --repeat N          each run does its workload N times over (default 1:
                       ~1 s runs); the costs fixed per run (start-up,
                       reports) then weigh 1/N as much

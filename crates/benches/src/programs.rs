@@ -23,38 +23,62 @@ pub enum Compiler {
     GccSled,
     /// clang with `-fpatchable-function-entry=5`.
     ClangSled,
+    /// gcc with `-pg -mfentry` (the `-pg` provider; named, never a default).
+    GccPg,
+    /// clang with `-pg` (`call mcount` after the prologue; named, never a
+    /// default).
+    ClangPg,
 }
 
 impl Compiler {
     /// Every build kind.
     pub const ALL: [Compiler; 4] = [Compiler::Gcc, Compiler::Clang, Compiler::GccSled, Compiler::ClangSled];
+    /// Every build kind `--compilers` can name: [`Compiler::ALL`] and the
+    /// `-pg` builds.
+    pub const NAMED: [Compiler; 6] = [
+        Compiler::Gcc,
+        Compiler::Clang,
+        Compiler::GccSled,
+        Compiler::ClangSled,
+        Compiler::GccPg,
+        Compiler::ClangPg,
+    ];
 
     /// The command.
     pub fn command(self) -> &'static str {
         match self {
-            Compiler::Gcc | Compiler::GccSled => "gcc",
-            Compiler::Clang | Compiler::ClangSled => "clang",
+            Compiler::Gcc | Compiler::GccSled | Compiler::GccPg => "gcc",
+            Compiler::Clang | Compiler::ClangSled | Compiler::ClangPg => "clang",
         }
     }
 
     /// Its name on the command line and in file names: `gcc`, `clang`,
-    /// `gcc-sled`, `clang-sled`.
+    /// `gcc-sled`, `clang-sled`, `gcc-pg`, `clang-pg`.
     pub fn name(self) -> &'static str {
         match self {
             Compiler::Gcc => "gcc",
             Compiler::Clang => "clang",
             Compiler::GccSled => "gcc-sled",
             Compiler::ClangSled => "clang-sled",
+            Compiler::GccPg => "gcc-pg",
+            Compiler::ClangPg => "clang-pg",
         }
     }
 
-    /// The flags of an instrumented build.
+    /// The flags of an instrumented build, as one string.
     pub fn instrument_flag(self) -> &'static str {
         match self {
             Compiler::Gcc => "-finstrument-functions",
             Compiler::Clang => "-finstrument-functions-after-inlining",
             Compiler::GccSled | Compiler::ClangSled => "-fpatchable-function-entry=5",
+            Compiler::GccPg => "-pg -mfentry",
+            Compiler::ClangPg => "-pg",
         }
+    }
+
+    /// The flags of an instrumented build, one argument each.
+    pub fn instrument_flags(self) -> impl Iterator<Item = &'static str> {
+        self.instrument_flag().split(' ')
     }
 
     /// Whether it is installed.
@@ -89,7 +113,7 @@ pub fn programs_named(list: &str, opt: &str) -> Result<Vec<Program>> {
 
 /// The builds a comma-separated `list` names (the option `opt` took it).
 pub fn compilers_named(list: &str, opt: &str) -> Result<Vec<Compiler>> {
-    named(list, opt, &Compiler::ALL, Compiler::name)
+    named(list, opt, &Compiler::NAMED, Compiler::name)
 }
 
 /// The items of `all` a comma-separated `list` names by `name`; an unknown
@@ -450,7 +474,7 @@ pub fn build_all(
                 let shared = jobs.iter().any(|(b, _): &(Binary, Vec<String>)| b.path == path);
                 let mut args = vec!["-O2".to_string()];
                 if instrumented {
-                    args.push(compiler.instrument_flag().into());
+                    args.extend(compiler.instrument_flags().map(String::from));
                 }
                 args.extend(program.compile_args(root));
                 args.extend(["-o".to_string(), path.display().to_string()]);
@@ -525,7 +549,7 @@ mod tests {
         let e = compilers_named("gcc,icc", "--compilers").expect_err("icc is not a build");
         assert_eq!(
             e.to_string(),
-            "--compilers: `icc` is not one of gcc, clang, gcc-sled, clang-sled"
+            "--compilers: `icc` is not one of gcc, clang, gcc-sled, clang-sled, gcc-pg, clang-pg"
         );
     }
 

@@ -12,7 +12,8 @@ use std::process::Command;
 pub const USAGE: &str = "\
 usage: fastinst run [options] [--] PROGRAM [ARGS...]
 
-Runs PROGRAM (built with -finstrument-functions) with libfastinst.so
+Runs PROGRAM (built with -finstrument-functions, -fpatchable-function-entry=5
+or -pg, or Rust code with #[fastinst::instrument]) with libfastinst.so
 preloaded and the options below passed in its environment. PROGRAM's
 stdin, stdout and stderr are its own; the exit status is PROGRAM's, or
 128+N if signal N killed it. Reports are named by pid (fastinst-profile.
@@ -240,9 +241,10 @@ pub fn no_probes_note(program: &std::ffi::OsStr) -> Option<String> {
     (!build.any()).then(|| {
         format!(
             "fastinst: {} has no probe sites (no -finstrument-functions hook calls, no \
-             -fpatchable-function-entry sleds), so only libraries it loads that have them \
-             are probed; build it with `gcc -O2 -finstrument-functions` or \
-             `-fpatchable-function-entry=5` (`fastinst sites FILE` lists what a build has)",
+             -fpatchable-function-entry sleds, no -pg profiling calls), so only libraries it \
+             loads that have them are probed; build it with `gcc -O2 -finstrument-functions`, \
+             `-fpatchable-function-entry=5` or `-pg -mfentry` (`fastinst sites FILE` lists \
+             what a build has)",
             path.display()
         )
     })

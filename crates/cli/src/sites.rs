@@ -13,8 +13,9 @@ pub const USAGE: &str = "\
 usage: fastinst sites [options] FILE
 
 Lists the probe sites of an ELF executable or shared library built with
--finstrument-functions or -fpatchable-function-entry=5, as the runtime would
-recognise them: each hook call or tail jump, and each entry NOP sled, with
+-finstrument-functions, -fpatchable-function-entry=5 or -pg, as the runtime
+would recognise them: each hook call or tail jump, each entry NOP sled and
+each -pg profiling call (which the runtime turns into a sled), with
 its function, entry/exit, form (call, plt, got, tail, tail-plt, tail-got,
 sled), address (the file's) and straddle split (bytes in the first|second
 64-byte line, `-` when it does not straddle); then totals. A hook site in an

@@ -211,6 +211,12 @@ impl State {
         c
     }
 
+    /// `name` (NULs taken out), kept for the process's life: a name that
+    /// is not a symbol's (a point probe's).
+    pub(crate) fn keep_name(&mut self, name: &str) -> &'static CStr {
+        self.name_store.keep(name.replace('\0', "").as_bytes())
+    }
+
     /// Makes room for `n` more function names.
     pub(crate) fn reserve_names(&mut self, n: usize) {
         self.names.reserve(n);

@@ -63,7 +63,7 @@
 //!     fastinst::on_discovery(|m| {
 //!         let _ = match m.kind {
 //!             ProbeKind::Entry => fastinst::activate(m.id, count),
-//!             ProbeKind::Exit => fastinst::deactivate(m.id),
+//!             ProbeKind::Exit | ProbeKind::Point => fastinst::deactivate(m.id),
 //!         };
 //!     })?;
 //!     for _ in 0..1000 {
@@ -121,6 +121,8 @@ pub use api::{
 pub use code::{set_strategy, strategy};
 pub use discovery::MAX_CALLBACKS;
 pub use error::{Error, Result};
+pub use fastinst_macros::{instrument, probe};
 pub use probe::{Handler, ProbeId, ProbeKind, ProbeMeta, Provider, Strategy};
 pub use providers::finstrument::SiteForm;
+pub use sled::{load as register_sleds, LoadReport};
 pub use stats::Stats;

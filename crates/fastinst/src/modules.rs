@@ -54,6 +54,12 @@ pub struct Module {
     /// Run-time addresses its `__patchable_function_entries` table records
     /// (the `-fpatchable-function-entry` sleds), in table order.
     pub sleds: Vec<u64>,
+    /// Its `-pg` profiling sites ([`providers::mcount`]) at run-time
+    /// addresses, as the file holds them.
+    pub mcount: Vec<providers::mcount::McountSite>,
+    /// Its point probes (`fastinst::probe!`, [`providers::points`]) at
+    /// run-time addresses.
+    pub points: Vec<providers::points::Point>,
     /// Its index in the runtime's module list (stable: modules are never
     /// removed from the list, only marked unloaded).
     pub index: u32,
@@ -185,7 +191,7 @@ fn scan() -> Vec<Seen> {
 /// addresses. The file is mapped, not read: only the pages holding the ELF
 /// headers, the section headers and the sled table are touched now, and the
 /// symbol and string tables when [`Module::symbols`] reads them.
-fn read_module(path: &str, bias: u64) -> (Option<memmap2::Mmap>, Vec<u64>) {
+fn read_module(path: &str, bias: u64) -> ModuleFile {
     let file = file_of(path);
     if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
         return Default::default();
@@ -203,15 +209,91 @@ fn read_module(path: &str, bias: u64) -> (Option<memmap2::Mmap>, Vec<u64>) {
             return Default::default();
         }
     };
-    let sleds = match providers::sections::Sections::parse(&bytes) {
-        Ok(sections) => providers::patchable::table(&sections)
-            .into_iter()
-            .map(|a| a.wrapping_add(bias))
-            .collect(),
+    let (sleds, mcount, points) = match providers::sections::Sections::parse(&bytes) {
+        Ok(sections) => {
+            let sleds = providers::patchable::table(&sections)
+                .into_iter()
+                .map(|a| a.wrapping_add(bias))
+                .collect();
+            let points = points(file, &sections, &bytes, bias);
+            (sleds, mcount_sites(file, &sections, &bytes, bias), points)
+        }
         // Said again, with the file's name, if its symbols are ever read.
-        Err(_) => Vec::new(),
+        Err(_) => Default::default(),
     };
-    (Some(bytes), sleds)
+    (Some(bytes), sleds, mcount, points)
+}
+
+/// The point probes of module file `bytes` at run-time addresses.
+fn points(
+    file: &str,
+    sections: &providers::sections::Sections,
+    bytes: &[u8],
+    bias: u64,
+) -> Vec<providers::points::Point> {
+    if !providers::points::has_points(sections) {
+        return Vec::new();
+    }
+    match providers::points::points_in_elf(bytes) {
+        Ok((found, unusable)) => {
+            if let Some((at, why)) = unusable.first() {
+                crate::log::warn(format_args!(
+                    "{} point probes of {file} left alone, the first at {at:#x}: {why}",
+                    unusable.len()
+                ));
+            }
+            found
+                .into_iter()
+                .map(|p| providers::points::Point {
+                    addr: p.addr.wrapping_add(bias),
+                    ..p
+                })
+                .collect()
+        }
+        Err(e) => {
+            crate::log::warn(format_args!("point probes of {file} not read: {e}"));
+            Vec::new()
+        }
+    }
+}
+
+/// What [`read_module`] gives: the mapped file, its sled table, its `-pg`
+/// sites and its point probes, at run-time addresses.
+type ModuleFile = (
+    Option<memmap2::Mmap>,
+    Vec<u64>,
+    Vec<providers::mcount::McountSite>,
+    Vec<providers::points::Point>,
+);
+
+/// The `-pg` sites of module file `bytes`, where it may have any (the
+/// check reads no code: see [`providers::mcount::wanted`]).
+fn mcount_sites(
+    file: &str,
+    sections: &providers::sections::Sections,
+    bytes: &[u8],
+    bias: u64,
+) -> Vec<providers::mcount::McountSite> {
+    if !providers::mcount::wanted(sections) {
+        return Vec::new();
+    }
+    match providers::mcount::sites_in_elf(bytes) {
+        Ok(found) => {
+            if !found.unusable.is_empty() {
+                crate::log::warn(format_args!(
+                    "{} -pg sites of {file} left alone, the first at {:#x}: {}",
+                    found.unusable.len(),
+                    found.unusable[0].0,
+                    found.unusable[0].1
+                ));
+            }
+            found.sites.into_iter().map(|s| s.moved(bias)).collect()
+        }
+        Err(e) => {
+            crate::log::warn(format_args!("-pg sites of {file} not read: {e}"));
+            Vec::new()
+        }
+    }
 }
 
 /// The function symbols of module file `bytes` (named `path` in warnings)
@@ -260,7 +342,7 @@ fn file_of(path: &str) -> &str {
 /// names, each demangled) was the largest part of start-up. The runtime
 /// linked into an executable is not skipped: the executable has sites.
 fn is_runtime_library(s: &Seen) -> bool {
-    let here = read_module as fn(&str, u64) -> (Option<memmap2::Mmap>, Vec<u64>) as usize as u64;
+    let here = read_module as fn(&str, u64) -> ModuleFile as usize as u64;
     !s.path.is_empty() && s.segments.iter().any(|&(a, b, _)| here >= a && here < b)
 }
 
@@ -288,7 +370,7 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             loaded.push(m.clone());
             continue;
         }
-        let (file, sleds) = if is_runtime_library(&s) {
+        let (file, sleds, mcount, points) = if is_runtime_library(&s) {
             Default::default()
         } else {
             read_module(&s.path, s.bias)
@@ -302,9 +384,11 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             debug: OnceLock::new(),
             scanned: Mutex::new(Vec::new()),
             sleds,
+            mcount,
+            points,
             index: *next_index,
         };
-        if !m.sleds.is_empty() {
+        if !m.sleds.is_empty() || !m.mcount.is_empty() || !m.points.is_empty() {
             // Registration names every sled's function right away.
             m.symbols();
         }

@@ -36,7 +36,7 @@ impl std::fmt::Display for ProbeId {
 /// A probe handler: receives the id of the probe that fired.
 pub type Handler = extern "C" fn(ProbeId);
 
-/// Function entry or exit.
+/// Function entry or exit, or a point in a function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ProbeKind {
@@ -44,6 +44,9 @@ pub enum ProbeKind {
     Entry = 0,
     /// At function exit.
     Exit = 1,
+    /// At a point in Rust code (`fastinst::probe!`): fires each time the
+    /// point is passed; no exit, and never part of a function's timing.
+    Point = 2,
 }
 
 /// Which provider found the site.
@@ -56,6 +59,12 @@ pub enum Provider {
     /// `-fpatchable-function-entry` NOP sleds listed in the ELF file
     /// (the runtime's `sled` module).
     Patchable = 1,
+    /// `-pg` profiling calls (`mcount`, `__fentry__`) and `-mnop-mcount`
+    /// NOPs, turned into sleds ([`providers::mcount`]).
+    Mcount = 2,
+    /// Point probes of Rust code (`fastinst::probe!`) listed in the
+    /// `fastinst_points` section ([`providers::points`]).
+    Point = 3,
 }
 
 /// How a probe's site is switched off.
@@ -120,11 +129,15 @@ impl std::str::FromStr for Strategy {
 pub struct ProbeMeta {
     /// Its id.
     pub id: ProbeId,
-    /// Entry or exit.
+    /// Entry, exit or point.
     pub kind: ProbeKind,
-    /// Address of the instrumented function (`this_fn`).
+    /// Address of the instrumented function (`this_fn`); for a point, the
+    /// address of the module's first point of the same name (points have
+    /// no function; this groups the copies of one point that inlining or
+    /// unrolling made).
     pub function: usize,
-    /// Demangled name of the function ("" when no symbol names it).
+    /// Demangled name of the function ("" when no symbol names it); for a
+    /// point, its name.
     pub function_name: &'static CStr,
     /// Address of the site instruction (0 for an unrecognised site).
     pub site: usize,

@@ -73,13 +73,15 @@ pub fn start_from_env() {
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
     let t0 = wordpatch::tsc::now();
     let sleds = crate::sled::load();
-    if sleds.functions > 0 {
+    if sleds.functions + sleds.points > 0 {
         crate::sled::watch_from_first_dlopen();
         log::info(format_args!(
-            "{} patchable entries in {} modules registered ({} normalised) in {} ticks",
+            "{} sleds and {} points in {} modules registered ({} normalised, {} -pg calls rewritten) in {} ticks",
             sleds.functions,
+            sleds.points,
             sleds.modules,
             sleds.normalised,
+            sleds.rewritten,
             wordpatch::tsc::now().wrapping_sub(t0)
         ));
     }

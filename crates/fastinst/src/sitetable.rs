@@ -37,6 +37,12 @@ pub(crate) mod key {
     pub const fn extent(f: u64) -> u64 {
         (1 << 62) | (3 << 56) | f
     }
+    /// Where the body of the function at `f` starts, as an offset from `f`
+    /// (an `i32`'s bits), when `f` is a sled function that jumps to it
+    /// (`crate::sled::body_of`).
+    pub const fn body(f: u64) -> u64 {
+        (1 << 62) | (4 << 56) | f
+    }
     /// A site or rewritten instruction the runtime patches, by address;
     /// the value is its length (the decode overlay) or its probe id.
     pub const fn patched(addr: u64) -> u64 {

@@ -97,14 +97,17 @@ fn set_sled_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
         return Err(Error::Unloaded(id));
     }
     let _g = sled.lock();
-    let partner = if p.meta.kind == ProbeKind::Entry {
-        sled.entry.next()
-    } else {
-        sled.entry
+    let partner = match p.meta.kind {
+        ProbeKind::Entry => Some(sled.entry.next()),
+        ProbeKind::Exit => Some(sled.entry),
+        // A point's sled is its own.
+        ProbeKind::Point => None,
     };
-    let partner_on = registry::get(partner).is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
+    let partner_on = partner
+        .and_then(registry::get)
+        .is_some_and(|q| q.state.load(Ordering::Relaxed) & ON != 0);
     let want = match (sled.follows_entry.load(Ordering::Relaxed), p.meta.kind) {
-        (false, _) => on || partner_on,
+        (false, _) | (true, ProbeKind::Point) => on || partner_on,
         (true, ProbeKind::Entry) => on,
         (true, ProbeKind::Exit) => partner_on,
     };

@@ -64,13 +64,14 @@ pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     }
 }
 
-/// The count tool's discovery: entry probes count (an inlined copy's only
-/// with `inlined`), every other probe goes off.
+/// The count tool's discovery: entry probes and points count (an inlined
+/// copy's only with `inlined`), every other probe goes off.
 fn count_discovered(m: &crate::ProbeMeta, inlined: bool) {
     if !crate::filter::admit(m) {
         return;
     }
-    let r = if m.kind == ProbeKind::Entry && (inlined || !m.inlined) {
+    let counted = matches!(m.kind, ProbeKind::Entry | ProbeKind::Point);
+    let r = if counted && (inlined || !m.inlined) {
         crate::activate(m.id, count_handler)
     } else {
         crate::deactivate(m.id)
@@ -95,7 +96,7 @@ pub fn write_counts(dir: &Path) -> std::io::Result<Option<PathBuf>> {
         return Ok(None);
     }
     let mut per_fn: HashMap<usize, (String, u64)> = HashMap::new();
-    for p in registry::iter().filter(|p| p.meta.kind == ProbeKind::Entry) {
+    for p in registry::iter().filter(|p| matches!(p.meta.kind, ProbeKind::Entry | ProbeKind::Point)) {
         let e = per_fn
             .entry(p.meta.function)
             .or_insert_with(|| (p.meta.name().into_owned(), 0));

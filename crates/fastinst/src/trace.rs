@@ -159,7 +159,8 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
 
 fn discovered(m: &ProbeMeta) {
     let Some(t) = get() else { return };
-    if !crate::filter::admit(m) {
+    // Points are no function's: they stay off (as they start).
+    if !crate::filter::admit(m) || m.kind == crate::probe::ProbeKind::Point {
         return;
     }
     if !t.inlined && m.inlined {

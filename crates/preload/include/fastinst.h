@@ -29,6 +29,7 @@ extern "C" {
 
 #define FASTINST_ENTRY 0
 #define FASTINST_EXIT 1
+#define FASTINST_POINT 2  /* a point probe of Rust code (fastinst::probe!) */
 
 /* How a site reaches its hook. An unrecognised site is never patched: it
  * stays on, and deactivating its probe only drops its calls. */
@@ -45,11 +46,11 @@ typedef uint32_t fastinst_probe_id;
 
 typedef struct fastinst_probe_meta {
     fastinst_probe_id id;
-    uint8_t kind;          /* FASTINST_ENTRY or FASTINST_EXIT */
+    uint8_t kind;          /* FASTINST_ENTRY, FASTINST_EXIT or FASTINST_POINT */
     uint8_t form;          /* FASTINST_FORM_* */
     uint8_t split;         /* bytes before the cache-line boundary, 0 if none */
     uint8_t site_len;      /* 5 or 6; 0 if unrecognised */
-    uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry */
+    uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry, 2: -pg (mcount, __fentry__, -mnop-mcount), 3: Rust points */
     uint8_t arg_rewritten; /* 1 if this_fn's load now passes the id */
     uint8_t inlined;       /* 1 if the site is in a copy of the function inlined
                             * into another function (gcc -finstrument-functions

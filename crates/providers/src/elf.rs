@@ -215,6 +215,32 @@ pub fn demangle(name: &str) -> String {
     demangled(name).unwrap_or_else(|| name.to_string())
 }
 
+/// The prefix `#[fastinst::instrument]` gives a function's sled function
+/// (`fastinst-macros`: keep the two in step).
+pub const RUST_SLED_PREFIX: &str = "__fastinst_sled_";
+/// The prefix of the function a `#[fastinst::instrument]` sled function
+/// jumps to, which holds the body (`fastinst-macros`: keep in step).
+pub const RUST_BODY_PREFIX: &str = "__fastinst_body_";
+
+/// The name of the function a `#[fastinst::instrument]` sled function
+/// stands for: `m::f::__fastinst_sled_f` (nested in `m::f`) is `m::f`,
+/// `m::T::__fastinst_sled_g` (beside `g` in an impl) is `m::T::g`. Other
+/// names are returned as they are.
+pub fn rust_sled_name(name: String) -> String {
+    let Some(at) = name.rfind(RUST_SLED_PREFIX) else {
+        return name;
+    };
+    let f = &name[at + RUST_SLED_PREFIX.len()..];
+    let parent = name[..at].strip_suffix("::").unwrap_or(&name[..at]);
+    if parent.rsplit("::").next() == Some(f) {
+        parent.to_string()
+    } else if parent.is_empty() {
+        f.to_string()
+    } else {
+        format!("{parent}::{f}")
+    }
+}
+
 /// The demangled form of `name`, or `None` when it is not a mangled C++ or
 /// Rust name (most C symbols: the caller keeps the name it has, uncopied).
 fn demangled(name: &str) -> Option<String> {
@@ -224,7 +250,7 @@ fn demangled(name: &str) -> Option<String> {
             // rustc-demangle accepts many C++ names as legacy Rust paths;
             // only trust it when the result looks like a Rust path.
             if name.starts_with("_R") || name.contains("17h") {
-                return Some(s);
+                return Some(rust_sled_name(s));
             }
         }
     }
@@ -249,6 +275,11 @@ mod tests {
         assert_eq!(demangle("_ZN4core3fmt5write17h0123456789abcdefE"), "core::fmt::write");
         assert_eq!(demangle("_RNvCs1234_7mycrate4main"), "mycrate::main");
         assert_eq!(demangle("main"), "main");
+        // `#[fastinst::instrument]`'s sled functions, nested and beside.
+        assert_eq!(rust_sled_name("nk::fib::__fastinst_sled_fib".into()), "nk::fib");
+        assert_eq!(rust_sled_name("nk::S<T>::__fastinst_sled_m".into()), "nk::S<T>::m");
+        assert_eq!(rust_sled_name("__fastinst_sled_x".into()), "x");
+        assert_eq!(rust_sled_name("a::b".into()), "a::b");
     }
 
     #[test]

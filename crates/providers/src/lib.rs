@@ -20,6 +20,11 @@
 //! - [`patchable`]: the `-fpatchable-function-entry` provider: entry NOP
 //!   sleds listed in an ELF section, validated and normalised to one
 //!   instruction that can be toggled to a `call`.
+//! - [`mcount`]: the `-pg` provider: `call mcount`, `call __fentry__`
+//!   (`-mfentry`) and the NOPs of `-mnop-mcount`, found through
+//!   `__mcount_loc` or the prologues and turned into sleds.
+//! - [`points`]: the point probes of Rust code (`fastinst::probe!`),
+//!   recorded with their names.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
 //! - [`sections`]: the lean section-header view start-up reads modules
 //!   through (headers once, names one at a time).
@@ -32,9 +37,11 @@ pub mod argload;
 pub mod decode;
 pub mod elf;
 pub mod finstrument;
+pub mod mcount;
 pub mod memory;
 pub mod offline;
 pub mod patchable;
+pub mod points;
 pub mod sections;
 pub mod tag;
 

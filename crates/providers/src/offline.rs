@@ -13,7 +13,8 @@
 //! `-fpatchable-function-entry` sleds come from their ELF table and are
 //! validated as the runtime validates them ([`patchable::sled_at`]); each
 //! is listed once, as an entry site of form `sled` (its exit probe has no
-//! site of its own).
+//! site of its own). So are the `-pg` builds' profiling calls and NOPs
+//! ([`crate::mcount`]), which the runtime turns into sleds.
 //!
 //! Addresses are the file's virtual addresses. A PIE or shared object is
 //! moved by a page-aligned load bias at run time, which keeps every offset
@@ -70,14 +71,7 @@ pub struct FileSites {
 /// The `-finstrument-functions` probe sites of the ELF file `bytes`.
 pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
     let elf = Elf::parse(bytes)?;
-    let mut image = Image::new();
-    for ph in elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD) {
-        let start = ph.p_offset as usize;
-        let file_end = start.saturating_add(ph.p_filesz as usize).min(bytes.len());
-        let mut seg = bytes.get(start..file_end).unwrap_or(&[]).to_vec();
-        seg.resize(ph.p_memsz.max(ph.p_filesz) as usize, 0);
-        image = image.with(ph.p_vaddr, seg);
-    }
+    let mut image = file_image(&elf, bytes);
     let (hooks, has_hooks) = bind_hooks(&elf, &mut image);
     let sections = Sections::parse(bytes)?;
     let symbols = SymbolTable::from_sections(&sections, bytes, 0)?;
@@ -108,6 +102,25 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
             }
             Err(e) => out.unusable_sleds.push((entry, e.to_string())),
         }
+    }
+    if crate::mcount::wanted(&sections) {
+        let m = crate::mcount::sites_in_elf(bytes)?;
+        out.has_hooks |= !m.sites.is_empty();
+        for site in m.sites {
+            let f = symbols.containing(site.addr);
+            out.sites.push(FileSite {
+                site: HookSite {
+                    addr: site.addr,
+                    kind: HookKind::Enter,
+                    form: SiteForm::Sled,
+                    operand: 0,
+                },
+                function: f.map(|f| f.name.clone()).unwrap_or_default(),
+                function_start: site.function,
+            });
+        }
+        out.unusable_sleds
+            .extend(m.unusable.into_iter().map(|(a, e)| (a, e.to_string())));
     }
     for f in symbols.iter().filter(|f| f.size > 0) {
         out.functions += 1;
@@ -148,20 +161,24 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
 /// stand-ins written into every GOT slot a relocation binds to a hook.
 /// What kind of probe build an ELF file is, read cheaply (its symbols,
 /// relocations and section names, no code): whether it calls or defines
-/// the `-finstrument-functions` hooks, and whether it has a
-/// `-fpatchable-function-entry` sled table.
+/// the `-finstrument-functions` hooks, whether it has a
+/// `-fpatchable-function-entry` sled table, and whether it is a `-pg`
+/// build.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeBuild {
     /// It calls or defines `__cyg_profile_func_enter`/`exit`.
     pub finstrument: bool,
     /// It has a `__patchable_function_entries` section.
     pub sleds: bool,
+    /// It has a `__mcount_loc` section or imports `mcount` or `__fentry__`
+    /// (a `-pg` build).
+    pub mcount: bool,
 }
 
 impl ProbeBuild {
     /// Whether the runtime would find any probe site in the file itself.
     pub fn any(self) -> bool {
-        self.finstrument || self.sleds
+        self.finstrument || self.sleds || self.mcount
     }
 }
 
@@ -174,21 +191,54 @@ pub fn probe_build(bytes: &[u8]) -> Result<ProbeBuild, ElfError> {
         .section_headers
         .iter()
         .any(|h| elf.shdr_strtab.get_at(h.sh_name) == Some(crate::patchable::SECTION));
-    Ok(ProbeBuild { finstrument, sleds })
+    let mcount = crate::mcount::wanted(&Sections::parse(bytes)?);
+    Ok(ProbeBuild {
+        finstrument,
+        sleds,
+        mcount,
+    })
+}
+
+/// An image of the file's loadable segments at its virtual addresses, as
+/// the loader maps them (the bytes past a segment's file size are zero).
+pub(crate) fn file_image(elf: &Elf, bytes: &[u8]) -> Image {
+    let mut image = Image::new();
+    for ph in elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD) {
+        let start = ph.p_offset as usize;
+        let file_end = start.saturating_add(ph.p_filesz as usize).min(bytes.len());
+        let mut seg = bytes.get(start..file_end).unwrap_or(&[]).to_vec();
+        seg.resize(ph.p_memsz.max(ph.p_filesz) as usize, 0);
+        image = image.with(ph.p_vaddr, seg);
+    }
+    image
 }
 
 fn bind_hooks(elf: &Elf, image: &mut Image) -> (Hooks, bool) {
-    let mut hooks = Hooks {
-        enter: STAND_IN_ENTER,
-        exit: STAND_IN_EXIT,
+    let enter = bound(elf, image, &[ENTER], STAND_IN_ENTER);
+    let exit = bound(elf, image, &[EXIT], STAND_IN_EXIT);
+    let hooks = Hooks {
+        enter: enter.0,
+        exit: exit.0,
     };
+    (hooks, enter.1 || exit.1)
+}
+
+/// The address the file's code reaches a function named in `names` at, as
+/// the dynamic linker would bind it: a symbol the file defines, else
+/// `stand_in`, written into every GOT slot a relocation binds to one of the
+/// names.
+pub(crate) fn bind(elf: &Elf, image: &mut Image, names: &[&str], stand_in: u64) -> u64 {
+    bound(elf, image, names, stand_in).0
+}
+
+/// [`bind`], and whether the file defines or imports any of `names`.
+fn bound(elf: &Elf, image: &mut Image, names: &[&str], stand_in: u64) -> (u64, bool) {
+    let mut addr = stand_in;
     let mut seen = false;
     for (syms, strs) in [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)] {
         for s in syms.iter().filter(|s| s.st_shndx != 0 && s.st_value != 0) {
-            match strs.get_at(s.st_name) {
-                Some(ENTER) => (hooks.enter, seen) = (s.st_value, true),
-                Some(EXIT) => (hooks.exit, seen) = (s.st_value, true),
-                _ => {}
+            if strs.get_at(s.st_name).is_some_and(|n| names.contains(&n)) {
+                (addr, seen) = (s.st_value, true);
             }
         }
     }
@@ -205,17 +255,15 @@ fn bind_hooks(elf: &Elf, image: &mut Image) -> (Hooks, bool) {
             continue;
         }
         let Some(sym) = elf.dynsyms.get(r.r_sym) else { continue };
-        let value = match elf.dynstrtab.get_at(sym.st_name) {
-            Some(ENTER) => hooks.enter,
-            Some(EXIT) => hooks.exit,
-            _ => continue,
-        };
+        if !elf.dynstrtab.get_at(sym.st_name).is_some_and(|n| names.contains(&n)) {
+            continue;
+        }
         seen = true;
         if image.contains(r.r_offset, 8) {
-            image.write(r.r_offset, &value.to_le_bytes());
+            image.write(r.r_offset, &addr.to_le_bytes());
         }
     }
-    (hooks, seen)
+    (addr, seen)
 }
 
 #[cfg(test)]

@@ -36,7 +36,6 @@ use crate::decode::{decode_one, MAX_INSN_LEN};
 use crate::elf::SymbolTable;
 use crate::memory::Memory;
 use crate::sections::Sections;
-use goblin::elf::reloc;
 
 /// The section gcc and clang record sleds in.
 pub const SECTION: &str = "__patchable_function_entries";
@@ -126,34 +125,7 @@ impl Sled {
 /// The link-time addresses in the `__patchable_function_entries` sections
 /// of an ELF file (empty when it has none), in table order.
 pub fn table(sections: &Sections) -> Vec<u64> {
-    let mut out = Vec::new();
-    for sh in sections.named(SECTION) {
-        let Some(body) = sections.contents(sh).filter(|b| !b.is_empty()) else {
-            continue;
-        };
-        let (addr, size) = (sh.sh_addr, sh.sh_size);
-        let mut relative: Vec<(u64, u64)> = Vec::new();
-        for rela in sections.rela_sections() {
-            relative.extend(
-                rela.iter()
-                    .filter(|r| r.r_type == reloc::R_X86_64_RELATIVE && r.r_offset >= addr && r.r_offset < addr + size)
-                    .map(|r| (r.r_offset, r.r_addend.unwrap_or(0) as u64)),
-            );
-        }
-        relative.sort_unstable();
-        for (i, w) in body.chunks_exact(8).enumerate() {
-            let at = addr + 8 * i as u64;
-            let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            match relative.binary_search_by_key(&at, |r| r.0) {
-                Ok(k) => out.push(relative[k].1),
-                Err(_) if v != 0 => out.push(v),
-                // A zero entry without a relocation: a sled of a function the
-                // linker discarded.
-                Err(_) => {}
-            }
-        }
-    }
-    out
+    crate::sections::address_table(sections, SECTION)
 }
 
 /// The function entry for a sled recorded at `recorded`: the start of a

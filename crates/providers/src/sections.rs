@@ -134,6 +134,52 @@ impl<'a> Sections<'a> {
     }
 }
 
+/// The link-time addresses in the sections named `name` of an ELF file
+/// (empty when it has none), in table order: tables of code addresses such
+/// as `__patchable_function_entries` and `__mcount_loc`. They hold
+/// absolute addresses in a non-PIE executable, `R_X86_64_RELATIVE` addends
+/// (or the implicit addends of `DT_RELR`, which stay in the section) in a
+/// PIE or shared object. A zero entry without a relocation belongs to a
+/// function the linker discarded and is left out.
+pub fn address_table(sections: &Sections, name: &str) -> Vec<u64> {
+    words(sections, name).into_iter().filter(|&v| v != 0).collect()
+}
+
+/// The 8-byte words of the sections named `name`, in order, with their
+/// `R_X86_64_RELATIVE` relocations applied (link-time values); a word
+/// that pointed into a discarded section is 0.
+pub fn words(sections: &Sections, name: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    for sh in sections.named(name) {
+        let Some(body) = sections.contents(sh).filter(|b| !b.is_empty()) else {
+            continue;
+        };
+        let (addr, size) = (sh.sh_addr, sh.sh_size);
+        let mut relative: Vec<(u64, u64)> = Vec::new();
+        for rela in sections.rela_sections() {
+            relative.extend(
+                rela.iter()
+                    .filter(|r| {
+                        r.r_type == goblin::elf::reloc::R_X86_64_RELATIVE
+                            && r.r_offset >= addr
+                            && r.r_offset < addr + size
+                    })
+                    .map(|r| (r.r_offset, r.r_addend.unwrap_or(0) as u64)),
+            );
+        }
+        relative.sort_unstable();
+        for (i, w) in body.chunks_exact(8).enumerate() {
+            let at = addr + 8 * i as u64;
+            let v = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            match relative.binary_search_by_key(&at, |r| r.0) {
+                Ok(k) => out.push(relative[k].1),
+                Err(_) => out.push(v),
+            }
+        }
+    }
+    out
+}
+
 fn section_bytes<'a>(bytes: &'a [u8], h: &SectionHeader) -> Option<&'a [u8]> {
     if h.sh_type == goblin::elf::section_header::SHT_NOBITS {
         return None;

@@ -58,6 +58,6 @@ pub use nop::{nop, NOP5};
 pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
 pub use raw::{read_code, read_code_u64, store_in_line, store_plain, Mismatch};
 pub use sites::MAX_STRADDLER_SITES;
-pub use trap::{install_trap_handler, traps_handled};
+pub use trap::{install_trap_handler, trap_handler_is_current, traps_handled};
 pub use wait::{ensure_sync_core, Wait, BUILTIN_TMAX};
 pub use writable::{forget_pages, make_writable, pages_tracked, PAGE_SIZE};

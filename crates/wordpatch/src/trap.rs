@@ -91,6 +91,13 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
+/// Whether the SIGTRAP disposition now is this crate's handler. Another
+/// handler that wants SIGTRAP too (a sampler) may take its place and call
+/// [`install_trap_handler`] again, which then chains to it.
+pub fn trap_handler_is_current() -> bool {
+    current_is_ours()
+}
+
 fn current_is_ours() -> bool {
     // SAFETY: query only.
     unsafe {

@@ -166,7 +166,12 @@ fn install(sig: libc::c_int) -> bool {
     if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
         return false;
     }
-    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_sample as *const () as usize {
+    // The patching protocol's own SIGTRAP handler (installed by a
+    // straddling patch before the profiler started: a `-pg` call
+    // rewritten at start-up) chains to what it replaced, so it goes back
+    // on top of the sampler's.
+    let patcher_first = sig == libc::SIGTRAP && wordpatch::trap_handler_is_current();
+    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != on_sample as *const () as usize && !patcher_first {
         crate::log::warn(format_args!(
             "profile: the program handles signal {sig}; no CPU samples from it"
         ));
@@ -180,8 +185,16 @@ fn install(sig: libc::c_int) -> bool {
         sa.sa_sigaction = on_sample as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
+        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+            return false;
+        }
     }
+    if patcher_first {
+        if let Err(e) = wordpatch::install_trap_handler() {
+            crate::log::warn(format_args!("profile: the patching protocol's SIGTRAP handler: {e}"));
+        }
+    }
+    true
 }
 
 /// A thread's first hook: its own event, when samples are taken by events.

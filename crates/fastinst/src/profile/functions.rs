@@ -90,6 +90,10 @@ pub(crate) struct Func {
     /// Its probes: one pair per copy of the function's code, and an
     /// inlined function has a copy in each caller.
     pub probes: FuncProbes,
+    /// Where the function's body lies when its entry is a sled function
+    /// that jumps to it (`#[fastinst::instrument]`: see
+    /// [`crate::sled::body_of`]): `[start, end]`, both 0 when it has none.
+    pub body: (AtomicUsize, AtomicUsize),
 }
 
 impl Func {
@@ -107,6 +111,7 @@ impl Func {
             exit_slot: AtomicU32::new(0),
             closed: AtomicBool::new(false),
             exits_follow_entry: AtomicBool::new(false),
+            body: (AtomicUsize::new(0), AtomicUsize::new(0)),
             window: Window::new(),
             name: name.into(),
             probes: FuncProbes::default(),
@@ -204,7 +209,11 @@ impl Func {
     /// Whether `ret` (a return address) lies inside this function.
     pub(crate) fn contains(&self, ret: usize) -> bool {
         let end = self.end.load(Ordering::Relaxed);
-        end != 0 && ret > self.addr && ret <= end
+        if end != 0 && ret > self.addr && ret <= end {
+            return true;
+        }
+        let (b, e) = (self.body.0.load(Ordering::Relaxed), self.body.1.load(Ordering::Relaxed));
+        e != 0 && ret > b && ret <= e
     }
 }
 

@@ -83,7 +83,8 @@ use wordpatch::tsc;
 /// with the profiler's handlers.
 fn discovered(m: &ProbeMeta) {
     let Some(p) = get() else { return };
-    if !crate::filter::admit(m) {
+    // Points are no function's: they stay off (as they start).
+    if !crate::filter::admit(m) || m.kind == crate::probe::ProbeKind::Point {
         return;
     }
     let fi = {
@@ -106,6 +107,10 @@ fn discovered(m: &ProbeMeta) {
                 }
                 if let Some(f) = p.funcs.get(fi) {
                     f.end.store(function_end(m.function), Ordering::Release);
+                    if let Some((b, e)) = crate::sled::body_of(m.function) {
+                        f.body.0.store(b, Ordering::Relaxed);
+                        f.body.1.store(e, Ordering::Release);
+                    }
                 }
                 fi
             }

@@ -112,11 +112,17 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     }
 
     // Function ranges, to name a return address by its instrumented caller.
+    // A function whose body lies apart (`Func::body`) has both ranges.
     let mut ranges: Vec<(usize, usize, u32)> = (0..p.funcs.len())
-        .filter_map(|i| {
-            let f = p.funcs.get(i)?;
-            Some((f.addr, f.end.load(Ordering::Relaxed), i))
+        .filter_map(|i| Some((i, p.funcs.get(i)?)))
+        .flat_map(|(i, f)| {
+            let body = (f.body.0.load(Ordering::Relaxed), f.body.1.load(Ordering::Relaxed));
+            [
+                Some((f.addr, f.end.load(Ordering::Relaxed), i)),
+                (body.1 != 0).then_some((body.0, body.1, i)),
+            ]
         })
+        .flatten()
         .collect();
     ranges.sort_unstable();
     let caller_fn = |ret: u64| instrumented_caller(&ranges, ret);

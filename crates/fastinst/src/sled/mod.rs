@@ -22,6 +22,12 @@
 //! cannot regain control without replacing the return address glibc
 //! reads. A program that links the crate calls [`load`] itself.
 //!
+//! The `-pg` builds' profiling calls ([`providers::mcount`], read with the
+//! module) become sleds here too: each call is first rewritten to a NOP
+//! with the toggles' own protocol, and a site after the prologue (`call
+//! mcount`) gets a stub that marks it, so the entry handler finds the
+//! return address through the frame pointer.
+//!
 //! An entry probe runs its handler from the entry trampoline; an exit probe
 //! is a substituted return address (`shadow`). Everything else (the API,
 //! strategies, tools, the profiler) is shared with the
@@ -39,7 +45,9 @@ use crate::registry::{self, Probe, Site};
 use crate::sitetable::{self, key};
 use callpatch::{CallSite, Form};
 use providers::finstrument::SiteForm;
+use providers::mcount::{self, Frame};
 use providers::patchable::{self, SledError, SLED_LEN};
+use providers::Memory;
 use site::Sled;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -54,6 +62,10 @@ pub struct LoadReport {
     pub functions: usize,
     /// Of those, sleds that were rewritten to one instruction.
     pub normalised: usize,
+    /// Of those, `-pg` profiling calls rewritten to NOPs.
+    pub rewritten: usize,
+    /// Point probes registered (`fastinst::probe!`).
+    pub points: usize,
     /// Recorded sleds left alone, by reason.
     pub skipped: BTreeMap<String, usize>,
 }
@@ -90,9 +102,32 @@ pub fn stats() -> SledStats {
 
 /// Registers the sleds of every loaded module whose table has not been
 /// read yet: two probes per function (entry, then exit, with consecutive
-/// ids), both off, reported to the discovery callbacks. Safe to call at any
-/// time and from any thread, with other threads running the code: a sled
-/// only changes from NOPs to one NOP before its probes exist.
+/// ids), both off, reported to the discovery callbacks; likewise each
+/// `-pg` site, and one probe per point (`fastinst::probe!`). Safe to call
+/// at any time and from any thread, with other threads running the code: a
+/// sled only changes from NOPs to one NOP, or from a profiling call to a
+/// NOP by the toggles' protocol, before its probes exist. Exported as
+/// `fastinst::register_sleds`: a program that links this crate (rather
+/// than running under the preload library) calls it, then drives the
+/// probes with the API.
+///
+/// ```no_run
+/// #[fastinst::instrument]
+/// fn work(x: u64) -> u64 {
+///     x * 3
+/// }
+///
+/// extern "C" fn on_entry(_: fastinst::ProbeId) {}
+///
+/// let report = fastinst::register_sleds();
+/// assert!(report.functions >= 1);
+/// for m in fastinst::probes().filter(|m| m.name() == "rust_out::work") {
+///     if m.kind == fastinst::ProbeKind::Entry {
+///         fastinst::activate(m.id, on_entry).unwrap();
+///     }
+/// }
+/// work(7);
+/// ```
 pub fn load() -> LoadReport {
     let t0 = wordpatch::tsc::now();
     shadow::init();
@@ -108,7 +143,7 @@ pub fn load() -> LoadReport {
             .collect();
         let mut report = LoadReport::default();
         for m in todo {
-            if m.sleds.is_empty() {
+            if m.sleds.is_empty() && m.mcount.is_empty() && m.points.is_empty() {
                 continue;
             }
             report.modules += 1;
@@ -171,9 +206,51 @@ fn normalise(addr: u64) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A site about to become a sled: a `-fpatchable-function-entry` sled
+/// as validated, a `-pg` site as it will be once rewritten, or a point.
+struct Candidate {
+    sled: patchable::Sled,
+    function: u64,
+    provider: Provider,
+    shape: Shape,
+    /// The profiling call to rewrite to the NOP first, if any.
+    rewrite: Option<mcount::Found>,
+    /// The body a `#[fastinst::instrument]` sled function jumps to.
+    body: Option<u64>,
+}
+
+/// What a site is to the trampoline.
+enum Shape {
+    /// A function's sled (entry and exit probes), with where its return
+    /// address is when the sled runs.
+    Function(Frame),
+    /// A point probe, with its name.
+    Point(String),
+}
+
+impl Candidate {
+    /// Probes it registers: entry and exit, or the point.
+    fn probes(&self) -> u32 {
+        match self.shape {
+            Shape::Function(_) => 2,
+            Shape::Point(_) => 1,
+        }
+    }
+
+    /// The id its stub pushes: the first probe's, with what the entry
+    /// trampoline's handler must know of the site.
+    fn stub_id(&self, id: u32) -> u32 {
+        match self.shape {
+            Shape::Function(Frame::Entry) => id,
+            Shape::Function(Frame::FramePointer) => id | shadow::FRAME_POINTER_SITE,
+            Shape::Point(_) => id | shadow::POINT_SITE,
+        }
+    }
+}
+
 fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
     let mut skip = |why: String| *report.skipped.entry(why).or_default() += 1;
-    let mut sleds = Vec::new();
+    let mut sleds: Vec<Candidate> = Vec::new();
     {
         let mem = LiveMemory { modules: &s.modules };
         let mut seen = std::collections::HashSet::new();
@@ -184,10 +261,51 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                 continue;
             }
             match patchable::sled_at(&mem, rec, entry) {
-                Ok(sl) => sleds.push((sl, func.unwrap_or(entry))),
+                Ok(sl) => sleds.push(Candidate {
+                    sled: sl,
+                    function: func.unwrap_or(entry),
+                    provider: Provider::Patchable,
+                    shape: Shape::Function(Frame::Entry),
+                    rewrite: None,
+                    body: rust_body(&mem, m, entry),
+                }),
                 Err(e @ (SledError::Unreadable | SledError::TooShort(_) | SledError::NoBoundary)) => {
                     skip(e.to_string())
                 }
+            }
+        }
+        for site in &m.mcount {
+            sitetable::prepare_registration(site.addr);
+            if !seen.insert(site.addr) || sitetable::get(key::site(site.addr)).is_some() {
+                continue;
+            }
+            match mcount_candidate(&mem, site) {
+                Ok(c) => sleds.push(c),
+                Err(why) => skip(why.into()),
+            }
+        }
+        for point in &m.points {
+            sitetable::prepare_registration(point.addr);
+            if !seen.insert(point.addr) || sitetable::get(key::site(point.addr)).is_some() {
+                continue;
+            }
+            // The file had the NOP there; so must the live code.
+            let mut live = [0u8; SLED_LEN];
+            match mem.read(point.addr, &mut live) && live == providers::points::NOP {
+                false => skip("a point is not the NOP".into()),
+                true => sleds.push(Candidate {
+                    sled: patchable::Sled {
+                        recorded: point.addr,
+                        entry: point.addr,
+                        found: providers::points::NOP,
+                        shape: patchable::SledShape::Nops,
+                    },
+                    function: point.addr,
+                    provider: Provider::Point,
+                    shape: Shape::Point(point.name.clone()),
+                    rewrite: None,
+                    body: None,
+                }),
             }
         }
     }
@@ -195,14 +313,28 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
     // mprotect, not one per page (see `wordpatch::make_writable`; if it is
     // not one executable run, each sled's own call below says why), and
     // the range its stubs must reach.
-    let lo = sleds.iter().map(|x| x.0.entry).min().unwrap_or(0) as usize;
-    let hi = sleds.iter().map(|x| x.0.entry).max().unwrap_or(0) as usize;
+    let lo = sleds.iter().map(|x| x.sled.entry).min().unwrap_or(0) as usize;
+    let hi = sleds.iter().map(|x| x.sled.entry).max().unwrap_or(0) as usize;
     if !sleds.is_empty() {
         if let Err(e) = wordpatch::make_writable(lo as *const u8, hi - lo + SLED_LEN) {
             crate::log::debug(format_args!("sled extent of {} not writable at once: {e}", m.path));
         }
     }
-    sleds.retain(|(sl, _)| {
+    sleds.retain(|c| {
+        let sl = &c.sled;
+        if let Some(found) = c.rewrite {
+            return match rewrite_call(sl.entry, &found) {
+                Ok(()) => {
+                    report.rewritten += 1;
+                    true
+                }
+                Err(e) => {
+                    crate::log::warn(format_args!("-pg call at {:#x} not rewritten: {e}", sl.entry));
+                    skip("could not be rewritten".into());
+                    false
+                }
+            };
+        }
         if !sl.needs_normalising() {
             return true;
         }
@@ -222,9 +354,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         return;
     }
     let base = registry::count();
-    if base as usize + 2 * sleds.len() > registry::MAX_PROBES
-        || (base as usize + 2 * sleds.len()) * 5 > sitetable::CAPACITY
-    {
+    let total: u32 = sleds.iter().map(Candidate::probes).sum();
+    if (base + total) as usize > registry::MAX_PROBES || (base + total) as usize * 5 > sitetable::CAPACITY {
         crate::log::warn(format_args!(
             "probe tables full; {} sleds of {} not registered",
             sleds.len(),
@@ -233,9 +364,20 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         skip("probe tables full".into());
         return;
     }
-    let ids: Vec<u32> = (0..sleds.len() as u32).map(|i| base + 2 * i).collect();
+    let ids: Vec<u32> = sleds
+        .iter()
+        .scan(base, |next, c| {
+            let id = *next;
+            *next += c.probes();
+            Some(id)
+        })
+        .collect();
+    let stub_ids: Vec<u32> = ids.iter().zip(&sleds).map(|(&id, c)| c.stub_id(id)).collect();
+    // Points of one name share a key (`ProbeMeta::function`): the first's
+    // address.
+    let mut point_keys: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     s.reserve_names(sleds.len());
-    let Some(stubs) = trampoline::make_stubs(lo, hi, &ids) else {
+    let Some(stubs) = trampoline::make_stubs(lo, hi, &stub_ids) else {
         crate::log::warn(format_args!(
             "no memory within reach of {}; its sleds are not registered",
             m.path
@@ -243,7 +385,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         *report.skipped.entry("no stub memory in reach".into()).or_default() += sleds.len();
         return;
     };
-    for (((sl, func), &raw_id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+    for ((c, &raw_id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+        let (sl, func) = (&c.sled, &c.function);
         let id = ProbeId::new(raw_id);
         let rel = stub as i64 - (sl.entry as i64 + SLED_LEN as i64);
         // SAFETY: the sled is one 5-byte NOP instruction at a function entry
@@ -261,21 +404,28 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             }
         };
         let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call)));
-        let name = s.name_and_extent(*func);
+        let (name, kinds, function): (_, &[ProbeKind], u64) = match &c.shape {
+            Shape::Function(_) => (s.name_and_extent(*func), &[ProbeKind::Entry, ProbeKind::Exit], *func),
+            Shape::Point(n) => (
+                s.keep_name(n),
+                &[ProbeKind::Point],
+                *point_keys.entry(n.as_str()).or_insert(sl.entry),
+            ),
+        };
         let split = wordpatch::split(sl.entry as usize, SLED_LEN) as u8;
         let mut pushed = [ProbeId::new(u32::MAX); 2];
-        for (k, kind) in [ProbeKind::Entry, ProbeKind::Exit].into_iter().enumerate() {
+        for (k, &kind) in kinds.iter().enumerate() {
             let p = registry::push(|pid| Probe {
                 meta: ProbeMeta {
                     id: pid,
                     kind,
-                    function: *func as usize,
+                    function: function as usize,
                     function_name: name,
                     site: sl.entry as usize,
                     site_len: SLED_LEN as u8,
                     split,
                     form: Some(SiteForm::Sled),
-                    provider: Provider::Patchable,
+                    provider: c.provider,
                     arg_rewritten: false,
                     inlined: false,
                 },
@@ -291,7 +441,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             });
             pushed[k] = p.map_or(ProbeId::new(u32::MAX), |p| p.meta.id);
         }
-        if pushed != [id, id.next()] {
+        let want = [id, id.next()];
+        if pushed[..kinds.len()] != want[..kinds.len()] {
             // Cannot happen while the discovery lock serialises pushes and
             // the capacity check above holds; never leave a stub pointing
             // at someone else's id.
@@ -302,12 +453,104 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         }
         sitetable::insert(key::site(sl.entry), id.get());
         sitetable::insert(key::patched(sl.entry), SLED_LEN as u32);
-        FUNCTIONS.fetch_add(1, Ordering::Relaxed);
-        report.functions += 1;
-        for pid in [id, id.next()] {
+        if let Some(body) = c.body {
+            // Before the callbacks hear of the probes (the profiler reads
+            // it when it first sees the function).
+            let func = m.function(body);
+            if let Some(size) = func.and_then(|f| u32::try_from(f.size).ok()) {
+                sitetable::insert(key::extent(body), size);
+                sitetable::insert(key::body(function), body.wrapping_sub(function) as u32);
+            }
+        }
+        if kinds.len() == 2 {
+            FUNCTIONS.fetch_add(1, Ordering::Relaxed);
+            report.functions += 1;
+        } else {
+            report.points += 1;
+        }
+        for &pid in &want[..kinds.len()] {
             announce(s, pid);
         }
     }
+}
+
+/// The body of a `#[fastinst::instrument]` sled function at `entry`: the
+/// target of the `jmp rel32` right after the sled, when a symbol of the
+/// macro's body functions starts there.
+fn rust_body(mem: &LiveMemory, m: &Module, entry: u64) -> Option<u64> {
+    let mut b = [0u8; 5];
+    if !mem.read(entry + SLED_LEN as u64, &mut b) || b[0] != 0xE9 {
+        return None;
+    }
+    let rel = i32::from_le_bytes([b[1], b[2], b[3], b[4]]) as i64;
+    let target = (entry as i64 + 2 * SLED_LEN as i64 + rel) as u64;
+    m.function(target)
+        .filter(|f| f.start == target && f.name.contains(providers::elf::RUST_BODY_PREFIX))
+        .map(|_| target)
+}
+
+/// Where the body of function `f` lies, `[start, end]`, when `f` is a
+/// `#[fastinst::instrument]` sled function that jumps to it: the code the
+/// function's time is spent in, for attributing return addresses and CPU
+/// samples to it.
+pub(crate) fn body_of(f: usize) -> Option<(usize, usize)> {
+    let off = sitetable::get(key::body(f as u64))? as i32;
+    let start = (f as i64 + off as i64) as usize;
+    let size = sitetable::get(key::extent(start as u64))?;
+    Some((start, start + size as usize))
+}
+
+/// The sled a `-pg` site will be: the live bytes are the call the file
+/// has (rewritten before the first toggle) or already the NOP (a site an
+/// earlier attach left off).
+fn mcount_candidate(mem: &LiveMemory, site: &mcount::McountSite) -> std::result::Result<Candidate, &'static str> {
+    let call = site.found.call_bytes();
+    let mut live = [0u8; 6];
+    let len = call.len().max(mcount::SITE_LEN);
+    if !mem.read(site.addr, &mut live[..len]) {
+        return Err("the -pg site's bytes cannot be read");
+    }
+    let rewrite = if !call.is_empty() && live[..len] == *call {
+        Some(site.found)
+    } else if live[..mcount::SITE_LEN] == mcount::NOP
+        && (call.is_empty() || live[mcount::SITE_LEN..len] == site.found.rewritten()[mcount::SITE_LEN..])
+    {
+        None
+    } else {
+        return Err("the -pg site's bytes differ from the file's");
+    };
+    Ok(Candidate {
+        sled: patchable::Sled {
+            recorded: site.addr,
+            entry: site.addr,
+            found: mcount::NOP,
+            shape: patchable::SledShape::Nops,
+        },
+        function: site.function,
+        provider: Provider::Mcount,
+        shape: Shape::Function(site.frame),
+        rewrite,
+        body: None,
+    })
+}
+
+/// Rewrites a `-pg` profiling call to the NOP it is toggled from
+/// ([`mcount::Found::rewritten`]), with the cross-modification protocol
+/// of a toggle: threads may be running the code.
+fn rewrite_call(addr: u64, found: &mcount::Found) -> std::result::Result<(), String> {
+    let opts = wordpatch::PatchOptions {
+        expected: Some(found.call_bytes()),
+        wait: None,
+    };
+    // SAFETY: `addr` is the first byte of one call instruction of exactly
+    // the expected bytes (checked atomically with the store, or under the
+    // INT3 lock), so no thread is stopped inside it; a thread in the
+    // called function returns to its end, an instruction boundary of the
+    // NOP form too (the NOP, then for a 6-byte call a one-byte NOP, which
+    // nothing can have been stopped before). Both forms are valid code
+    // that leaves every register the function's own code reads as it was
+    // (the profiling functions preserve the argument registers).
+    unsafe { wordpatch::patch_with(addr as *mut u8, found.rewritten(), &opts) }.map_err(|e| e.to_string())
 }
 
 static WATCHING: AtomicBool = AtomicBool::new(false);

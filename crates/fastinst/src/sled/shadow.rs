@@ -225,7 +225,29 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
 pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -> usize {
-    let id = ProbeId::new(raw_id);
+    if raw_id & POINT_SITE != 0 {
+        // A point: its handler, and no function, caller or exit.
+        if crate::arch::tls::guard_get() {
+            crate::stats::bump(&crate::stats::DROPPED_NESTED);
+            return 0;
+        }
+        let (clock, started) = crate::clock::begin_hook(started);
+        hooks::fire_unclocked(ProbeId::new(raw_id & !POINT_SITE), 0, slot as u64, 0, started);
+        return clock;
+    }
+    let (id, slot) = if raw_id & FRAME_POINTER_SITE == 0 {
+        (ProbeId::new(raw_id), slot)
+    } else {
+        // SAFETY: `slot` is the return-address slot just above the
+        // trampoline's frame, whose first word (three below `slot`: the
+        // stub's id and the sled's return address lie between) is the `rbp`
+        // it saved. At a frame-pointer site that is the function's frame
+        // pointer, set by its `push rbp; mov rbp, rsp` (checked when the
+        // site was registered), so the function's return address is just
+        // above it.
+        let rbp = unsafe { slot.sub(3).read() };
+        (ProbeId::new(raw_id & !FRAME_POINTER_SITE), (rbp + 8) as *mut u64)
+    };
     if crate::arch::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
@@ -258,7 +280,18 @@ pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -
 /// (`crate::clock::calibrate`): no probe has it (so its handlers find
 /// nothing to run), and its exit is watched as if its exit probe were on,
 /// so the calibration pays every step a watched sled call pays.
-pub(crate) const CALIBRATION_ID: ProbeId = ProbeId::new(providers::tag::MAX_SIGN_ID - 2);
+pub(crate) const CALIBRATION_ID: ProbeId = ProbeId::new(POINT_SITE - 3);
+
+/// The bit of a stub's id that marks a `-pg` `mcount` site
+/// ([`providers::mcount::Frame::FramePointer`]): the function's prologue
+/// has run, and its return address is found through its frame pointer.
+/// Above every probe id.
+pub(crate) const FRAME_POINTER_SITE: u32 = 1 << 30;
+/// The bit of a stub's id that marks a point probe (`fastinst::probe!`):
+/// not at a function entry, so no return address to watch.
+pub(crate) const POINT_SITE: u32 = 1 << 29;
+const _: () = assert!(crate::registry::MAX_PROBES < POINT_SITE as usize);
+const _: () = assert!(CALIBRATION_ID.get() & (POINT_SITE | FRAME_POINTER_SITE) == 0);
 
 /// Substitutes the return address of the call entered through `id` when
 /// its exit probe is on and its entry handler did not decline ([`decline_exit`]).

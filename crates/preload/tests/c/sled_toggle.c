@@ -5,7 +5,9 @@
  * at each straddle split (1|4 .. 4|1). Run as a
  * FASTINST_CLIENT-free program linked with -lfastinst (the constructor
  * registers the sleds). Prints "ok toggles=T calls=C entries=E exits=X";
- * exits non-zero on any wrong result. */
+ * exits non-zero on any wrong result. Built with -DPG_BUILD (and -pg,
+ * -pg -mfentry ...), the probes are -pg sites (provider 2), and the
+ * split functions are ordinary ones: a -pg site cannot be placed. */
 #include "fastinst.h"
 #include <pthread.h>
 #include <stdarg.h>
@@ -15,6 +17,13 @@
 #include <time.h>
 
 #define MAXP 256
+#ifdef PG_BUILD
+#define PROVIDER 2
+#define SPLIT(k) __attribute__((noinline))
+#else
+#define PROVIDER 1
+#define SPLIT(k) __attribute__((noinline, aligned(64), patchable_function_entry(5 + 64 - k, 64 - k)))
+#endif
 static fastinst_probe_id ids[MAXP];
 static int kinds[MAXP];
 static _Atomic int nids;
@@ -29,7 +38,7 @@ static void on_probe(const fastinst_probe_meta *m, void *u) {
     (void)u;
     int i = atomic_fetch_add(&nids, 1);
     CHECK(i < MAXP, "too many probes");
-    CHECK(m->provider == 1 && m->form == FASTINST_FORM_SLED, "probe %u is not a sled probe", m->id);
+    CHECK(m->provider == PROVIDER && m->form == FASTINST_FORM_SLED, "probe %u is not a sled probe", m->id);
     ids[i] = m->id;
     kinds[i] = m->kind;
     if (m->kind == FASTINST_ENTRY && m->split < 5) splits[m->split]++;
@@ -54,7 +63,6 @@ __attribute__((noinline)) long vsum(int n, ...) {
 
 /* One sled at each straddle split: the entry lies 64 - k bytes into a
  * 64-byte aligned patchable area, so its 5 bytes put k before the line. */
-#define SPLIT(k) __attribute__((noinline, aligned(64), patchable_function_entry(5 + 64 - k, 64 - k)))
 SPLIT(1) int split1(int x) { return x + 1; }
 SPLIT(2) int split2(int x) { return x + 2; }
 SPLIT(3) int split3(int x) { return x + 3; }
