@@ -60,12 +60,20 @@ pub struct Module {
     /// Its point probes (`fastinst::probe!`, [`providers::points`]) at
     /// run-time addresses.
     pub points: Vec<providers::points::Point>,
+    /// Its XRay entry sleds ([`providers::xray`]) at run-time addresses.
+    pub xray: Vec<providers::xray::XraySled>,
     /// Its index in the runtime's module list (stable: modules are never
     /// removed from the list, only marked unloaded).
     pub index: u32,
 }
 
 impl Module {
+    /// Whether it has sites registered up front: sleds, `-pg` sites,
+    /// points or XRay sleds.
+    pub fn has_sites(&self) -> bool {
+        !(self.sleds.is_empty() && self.mcount.is_empty() && self.points.is_empty() && self.xray.is_empty())
+    }
+
     /// True if `addr` lies in one of its segments.
     pub fn contains(&self, addr: u64) -> bool {
         self.segments.iter().any(|&(s, e, _)| addr >= s && addr < e)
@@ -209,19 +217,23 @@ fn read_module(path: &str, bias: u64) -> ModuleFile {
             return Default::default();
         }
     };
-    let (sleds, mcount, points) = match providers::sections::Sections::parse(&bytes) {
+    let (sleds, mcount, points, xray) = match providers::sections::Sections::parse(&bytes) {
         Ok(sections) => {
             let sleds = providers::patchable::table(&sections)
                 .into_iter()
                 .map(|a| a.wrapping_add(bias))
                 .collect();
             let points = points(file, &sections, &bytes, bias);
-            (sleds, mcount_sites(file, &sections, &bytes, bias), points)
+            let xray = providers::xray::entry_sleds(&sections)
+                .into_iter()
+                .map(|s| s.moved(bias))
+                .collect();
+            (sleds, mcount_sites(file, &sections, &bytes, bias), points, xray)
         }
         // Said again, with the file's name, if its symbols are ever read.
         Err(_) => Default::default(),
     };
-    (Some(bytes), sleds, mcount, points)
+    (Some(bytes), sleds, mcount, points, xray)
 }
 
 /// The point probes of module file `bytes` at run-time addresses.
@@ -258,12 +270,13 @@ fn points(
 }
 
 /// What [`read_module`] gives: the mapped file, its sled table, its `-pg`
-/// sites and its point probes, at run-time addresses.
+/// sites, its point probes and its XRay sleds, at run-time addresses.
 type ModuleFile = (
     Option<memmap2::Mmap>,
     Vec<u64>,
     Vec<providers::mcount::McountSite>,
     Vec<providers::points::Point>,
+    Vec<providers::xray::XraySled>,
 );
 
 /// The `-pg` sites of module file `bytes`, where it may have any (the
@@ -370,7 +383,7 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             loaded.push(m.clone());
             continue;
         }
-        let (file, sleds, mcount, points) = if is_runtime_library(&s) {
+        let (file, sleds, mcount, points, xray) = if is_runtime_library(&s) {
             Default::default()
         } else {
             read_module(&s.path, s.bias)
@@ -386,9 +399,10 @@ pub(crate) fn rescan(old: &Modules, next_index: &mut u32) -> (Modules, Vec<Arc<M
             sleds,
             mcount,
             points,
+            xray,
             index: *next_index,
         };
-        if !m.sleds.is_empty() || !m.mcount.is_empty() || !m.points.is_empty() {
+        if m.has_sites() {
             // Registration names every sled's function right away.
             m.symbols();
         }

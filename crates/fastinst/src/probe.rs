@@ -65,6 +65,8 @@ pub enum Provider {
     /// Point probes of Rust code (`fastinst::probe!`) listed in the
     /// `fastinst_points` section ([`providers::points`]).
     Point = 3,
+    /// clang's `-fxray-instrument` entry sleds ([`providers::xray`]).
+    Xray = 4,
 }
 
 /// How a probe's site is switched off.

@@ -50,7 +50,7 @@ typedef struct fastinst_probe_meta {
     uint8_t form;          /* FASTINST_FORM_* */
     uint8_t split;         /* bytes before the cache-line boundary, 0 if none */
     uint8_t site_len;      /* 5 or 6; 0 if unrecognised */
-    uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry, 2: -pg (mcount, __fentry__, -mnop-mcount), 3: Rust points */
+    uint8_t provider;      /* 0: -finstrument-functions, 1: -fpatchable-function-entry, 2: -pg (mcount, __fentry__, -mnop-mcount), 3: Rust points, 4: XRay sleds */
     uint8_t arg_rewritten; /* 1 if this_fn's load now passes the id */
     uint8_t inlined;       /* 1 if the site is in a copy of the function inlined
                             * into another function (gcc -finstrument-functions

@@ -23,6 +23,8 @@
 //! - [`mcount`]: the `-pg` provider: `call mcount`, `call __fentry__`
 //!   (`-mfentry`) and the NOPs of `-mnop-mcount`, found through
 //!   `__mcount_loc` or the prologues and turned into sleds.
+//! - [`xray`]: clang's `-fxray-instrument` entry sleds, listed in
+//!   `xray_instr_map`, made 5-byte sites.
 //! - [`points`]: the point probes of Rust code (`fastinst::probe!`),
 //!   recorded with their names.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
@@ -36,6 +38,7 @@
 pub mod argload;
 pub mod decode;
 pub mod elf;
+mod fileimage;
 pub mod finstrument;
 pub mod mcount;
 pub mod memory;
@@ -44,5 +47,6 @@ pub mod patchable;
 pub mod points;
 pub mod sections;
 pub mod tag;
+pub mod xray;
 
 pub use memory::{Image, Memory};

@@ -14,7 +14,7 @@
 //! only when that instruction is exactly a call whose target resolves to
 //! `mcount`, `_mcount` or `__fentry__` (directly, through a PLT stub or a
 //! GOT slot: the file's relocations say which slot holds which function,
-//! as in [`crate::offline`]), or the 5-byte NOP of `-mnop-mcount`.
+//! as `fastinst sites` does), or the 5-byte NOP of `-mnop-mcount`.
 //!
 //! A site becomes a sled: its first 5 bytes toggle between a NOP and a
 //! `call rel32` to a trampoline, as `-fpatchable-function-entry` sleds do
@@ -31,9 +31,9 @@
 
 use crate::decode::{decode_one, Stream};
 use crate::elf::{ElfError, SymbolTable};
+use crate::fileimage;
 use crate::finstrument::{call_site_at, HookKind, Hooks};
 use crate::memory::Memory;
-use crate::offline;
 use crate::patchable;
 use crate::sections::Sections;
 use goblin::elf::Elf;
@@ -179,10 +179,10 @@ fn is_hook(name: &str) -> bool {
 /// The sites of the ELF file `bytes`.
 pub fn sites_in_elf(bytes: &[u8]) -> Result<McountSites, ElfError> {
     let elf = Elf::parse(bytes)?;
-    let mut image = offline::file_image(&elf, bytes);
+    let mut image = fileimage::file_image(&elf, bytes);
     let hooks = Hooks {
-        enter: offline::bind(&elf, &mut image, &MCOUNT, STAND_IN_MCOUNT),
-        exit: offline::bind(&elf, &mut image, &[FENTRY], STAND_IN_FENTRY),
+        enter: fileimage::bind(&elf, &mut image, &MCOUNT, STAND_IN_MCOUNT),
+        exit: fileimage::bind(&elf, &mut image, &[FENTRY], STAND_IN_FENTRY),
     };
     let sections = Sections::parse(bytes)?;
     let symbols = SymbolTable::from_sections(&sections, bytes, 0)?;

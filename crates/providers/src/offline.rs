@@ -14,7 +14,8 @@
 //! validated as the runtime validates them ([`patchable::sled_at`]); each
 //! is listed once, as an entry site of form `sled` (its exit probe has no
 //! site of its own). So are the `-pg` builds' profiling calls and NOPs
-//! ([`crate::mcount`]), which the runtime turns into sleds.
+//! ([`crate::mcount`]) and XRay's entry sleds ([`crate::xray`]), which the
+//! runtime turns into sleds.
 //!
 //! Addresses are the file's virtual addresses. A PIE or shared object is
 //! moved by a page-aligned load bias at run time, which keeps every offset
@@ -27,7 +28,7 @@ use crate::finstrument::{call_site_at, tail_sites, HookKind, HookSite, Hooks, Si
 use crate::memory::Image;
 use crate::patchable;
 use crate::sections::Sections;
-use goblin::elf::{program_header::PT_LOAD, reloc, Elf};
+use goblin::elf::Elf;
 use iced_x86::FlowControl;
 
 /// The hook symbols a `-finstrument-functions` build calls.
@@ -71,7 +72,7 @@ pub struct FileSites {
 /// The `-finstrument-functions` probe sites of the ELF file `bytes`.
 pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
     let elf = Elf::parse(bytes)?;
-    let mut image = file_image(&elf, bytes);
+    let mut image = crate::fileimage::file_image(&elf, bytes);
     let (hooks, has_hooks) = bind_hooks(&elf, &mut image);
     let sections = Sections::parse(bytes)?;
     let symbols = SymbolTable::from_sections(&sections, bytes, 0)?;
@@ -121,6 +122,26 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         }
         out.unusable_sleds
             .extend(m.unusable.into_iter().map(|(a, e)| (a, e.to_string())));
+    }
+    let xray = crate::xray::entry_sleds(&sections);
+    out.has_hooks |= !xray.is_empty();
+    for sled in xray {
+        match crate::xray::check(&image, sled.addr) {
+            Ok(_) => {
+                let f = symbols.containing(sled.addr);
+                out.sites.push(FileSite {
+                    site: HookSite {
+                        addr: sled.addr,
+                        kind: HookKind::Enter,
+                        form: SiteForm::Sled,
+                        operand: 0,
+                    },
+                    function: f.map(|f| f.name.clone()).unwrap_or_default(),
+                    function_start: sled.function,
+                });
+            }
+            Err(e) => out.unusable_sleds.push((sled.addr, e.to_string())),
+        }
     }
     for f in symbols.iter().filter(|f| f.size > 0) {
         out.functions += 1;
@@ -173,12 +194,14 @@ pub struct ProbeBuild {
     /// It has a `__mcount_loc` section or imports `mcount` or `__fentry__`
     /// (a `-pg` build).
     pub mcount: bool,
+    /// It has an `xray_instr_map` section (`-fxray-instrument`).
+    pub xray: bool,
 }
 
 impl ProbeBuild {
     /// Whether the runtime would find any probe site in the file itself.
     pub fn any(self) -> bool {
-        self.finstrument || self.sleds || self.mcount
+        self.finstrument || self.sleds || self.mcount || self.xray
     }
 }
 
@@ -191,79 +214,24 @@ pub fn probe_build(bytes: &[u8]) -> Result<ProbeBuild, ElfError> {
         .section_headers
         .iter()
         .any(|h| elf.shdr_strtab.get_at(h.sh_name) == Some(crate::patchable::SECTION));
-    let mcount = crate::mcount::wanted(&Sections::parse(bytes)?);
+    let sections = Sections::parse(bytes)?;
+    let xray = sections.named(crate::xray::SECTION).next().is_some();
     Ok(ProbeBuild {
         finstrument,
         sleds,
-        mcount,
+        mcount: crate::mcount::wanted(&sections),
+        xray,
     })
 }
 
-/// An image of the file's loadable segments at its virtual addresses, as
-/// the loader maps them (the bytes past a segment's file size are zero).
-pub(crate) fn file_image(elf: &Elf, bytes: &[u8]) -> Image {
-    let mut image = Image::new();
-    for ph in elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD) {
-        let start = ph.p_offset as usize;
-        let file_end = start.saturating_add(ph.p_filesz as usize).min(bytes.len());
-        let mut seg = bytes.get(start..file_end).unwrap_or(&[]).to_vec();
-        seg.resize(ph.p_memsz.max(ph.p_filesz) as usize, 0);
-        image = image.with(ph.p_vaddr, seg);
-    }
-    image
-}
-
 fn bind_hooks(elf: &Elf, image: &mut Image) -> (Hooks, bool) {
-    let enter = bound(elf, image, &[ENTER], STAND_IN_ENTER);
-    let exit = bound(elf, image, &[EXIT], STAND_IN_EXIT);
+    let enter = crate::fileimage::bound(elf, image, &[ENTER], STAND_IN_ENTER);
+    let exit = crate::fileimage::bound(elf, image, &[EXIT], STAND_IN_EXIT);
     let hooks = Hooks {
         enter: enter.0,
         exit: exit.0,
     };
     (hooks, enter.1 || exit.1)
-}
-
-/// The address the file's code reaches a function named in `names` at, as
-/// the dynamic linker would bind it: a symbol the file defines, else
-/// `stand_in`, written into every GOT slot a relocation binds to one of the
-/// names.
-pub(crate) fn bind(elf: &Elf, image: &mut Image, names: &[&str], stand_in: u64) -> u64 {
-    bound(elf, image, names, stand_in).0
-}
-
-/// [`bind`], and whether the file defines or imports any of `names`.
-fn bound(elf: &Elf, image: &mut Image, names: &[&str], stand_in: u64) -> (u64, bool) {
-    let mut addr = stand_in;
-    let mut seen = false;
-    for (syms, strs) in [(&elf.syms, &elf.strtab), (&elf.dynsyms, &elf.dynstrtab)] {
-        for s in syms.iter().filter(|s| s.st_shndx != 0 && s.st_value != 0) {
-            if strs.get_at(s.st_name).is_some_and(|n| names.contains(&n)) {
-                (addr, seen) = (s.st_value, true);
-            }
-        }
-    }
-    let relocs = elf
-        .pltrelocs
-        .iter()
-        .chain(elf.dynrelas.iter())
-        .chain(elf.dynrels.iter());
-    for r in relocs {
-        if !matches!(
-            r.r_type,
-            reloc::R_X86_64_JUMP_SLOT | reloc::R_X86_64_GLOB_DAT | reloc::R_X86_64_64
-        ) {
-            continue;
-        }
-        let Some(sym) = elf.dynsyms.get(r.r_sym) else { continue };
-        if !elf.dynstrtab.get_at(sym.st_name).is_some_and(|n| names.contains(&n)) {
-            continue;
-        }
-        seen = true;
-        if image.contains(r.r_offset, 8) {
-            image.write(r.r_offset, &addr.to_le_bytes());
-        }
-    }
-    (addr, seen)
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ pub fn points_in_elf(bytes: &[u8]) -> Result<Points, ElfError> {
         return Ok(Default::default());
     }
     let elf = Elf::parse(bytes)?;
-    let image = crate::offline::file_image(&elf, bytes);
+    let image = crate::fileimage::file_image(&elf, bytes);
     let mut out = (Vec::new(), Vec::new());
     for pair in words.chunks_exact(2) {
         let (addr, name) = (pair[0], pair[1]);

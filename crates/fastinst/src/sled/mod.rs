@@ -143,7 +143,7 @@ pub fn load() -> LoadReport {
             .collect();
         let mut report = LoadReport::default();
         for m in todo {
-            if m.sleds.is_empty() && m.mcount.is_empty() && m.points.is_empty() {
+            if !m.has_sites() {
                 continue;
             }
             report.modules += 1;
@@ -213,10 +213,21 @@ struct Candidate {
     function: u64,
     provider: Provider,
     shape: Shape,
-    /// The profiling call to rewrite to the NOP first, if any.
-    rewrite: Option<mcount::Found>,
+    /// What must be written before the first toggle, if anything.
+    prep: Prep,
     /// The body a `#[fastinst::instrument]` sled function jumps to.
     body: Option<u64>,
+}
+
+/// What a site needs written once, before its first toggle.
+#[derive(Clone, Copy)]
+enum Prep {
+    /// Nothing, or gcc's one-byte NOPs made one (`Sled::needs_normalising`).
+    Sled,
+    /// A `-pg` profiling call rewritten to the NOP.
+    Call(mcount::Found),
+    /// An XRay sled's last bytes made one NOP ([`providers::xray::TAIL`]).
+    XrayTail,
 }
 
 /// What a site is to the trampoline.
@@ -266,7 +277,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                     function: func.unwrap_or(entry),
                     provider: Provider::Patchable,
                     shape: Shape::Function(Frame::Entry),
-                    rewrite: None,
+                    prep: Prep::Sled,
                     body: rust_body(&mem, m, entry),
                 }),
                 Err(e @ (SledError::Unreadable | SledError::TooShort(_) | SledError::NoBoundary)) => {
@@ -282,6 +293,32 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             match mcount_candidate(&mem, site) {
                 Ok(c) => sleds.push(c),
                 Err(why) => skip(why.into()),
+            }
+        }
+        for sled in &m.xray {
+            sitetable::prepare_registration(sled.addr);
+            if !seen.insert(sled.addr) || sitetable::get(key::site(sled.addr)).is_some() {
+                continue;
+            }
+            match providers::xray::check(&mem, sled.addr) {
+                Ok(tail) => {
+                    let mut found = [0u8; SLED_LEN];
+                    mem.read(sled.addr, &mut found);
+                    sleds.push(Candidate {
+                        sled: patchable::Sled {
+                            recorded: sled.addr,
+                            entry: sled.addr,
+                            found,
+                            shape: patchable::SledShape::Nops,
+                        },
+                        function: sled.function,
+                        provider: Provider::Xray,
+                        shape: Shape::Function(Frame::Entry),
+                        prep: if tail { Prep::XrayTail } else { Prep::Sled },
+                        body: None,
+                    });
+                }
+                Err(e) => skip(e.to_string()),
             }
         }
         for point in &m.points {
@@ -303,7 +340,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                     function: point.addr,
                     provider: Provider::Point,
                     shape: Shape::Point(point.name.clone()),
-                    rewrite: None,
+                    prep: Prep::Sled,
                     body: None,
                 }),
             }
@@ -322,7 +359,20 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
     }
     sleds.retain(|c| {
         let sl = &c.sled;
-        if let Some(found) = c.rewrite {
+        if let Prep::XrayTail = c.prep {
+            return match xray_tail(sl.entry) {
+                Ok(()) => {
+                    report.normalised += 1;
+                    true
+                }
+                Err(e) => {
+                    crate::log::warn(format_args!("XRay sled at {:#x} not prepared: {e}", sl.entry));
+                    skip("could not be prepared".into());
+                    false
+                }
+            };
+        }
+        if let Prep::Call(found) = c.prep {
             return match rewrite_call(sl.entry, &found) {
                 Ok(()) => {
                     report.rewritten += 1;
@@ -529,9 +579,30 @@ fn mcount_candidate(mem: &LiveMemory, site: &mcount::McountSite) -> std::result:
         function: site.function,
         provider: Provider::Mcount,
         shape: Shape::Function(site.frame),
-        rewrite,
+        prep: rewrite.map_or(Prep::Sled, Prep::Call),
         body: None,
     })
+}
+
+/// Rewrites the last 6 bytes of the XRay sled at `addr` to one NOP
+/// ([`providers::xray`]), so that a call in its first 5 bytes returns onto
+/// an instruction that ends where the sled ends.
+fn xray_tail(addr: u64) -> std::result::Result<(), String> {
+    let at = addr + SLED_LEN as u64;
+    let tail = &providers::xray::TAIL;
+    wordpatch::make_writable(at as *const u8, tail.len()).map_err(|e| e.to_string())?;
+    // SAFETY: bytes 5-10 of the sled, whose page was just made writable.
+    // No thread runs them: the sled's first instruction, `jmp .+11` (checked
+    // at registration, and again here with the store), jumps over them,
+    // and the sled has no probe yet that could replace it.
+    unsafe {
+        let jmp = std::slice::from_raw_parts(addr as *const u8, 2);
+        if jmp != providers::xray::JMP_OVER {
+            return Err(format!("the sled begins with {jmp:02x?}, not jmp .+11"));
+        }
+        std::ptr::copy_nonoverlapping(tail.as_ptr(), at as *mut u8, tail.len());
+    }
+    Ok(())
 }
 
 /// Rewrites a `-pg` profiling call to the NOP it is toggled from

@@ -6,8 +6,9 @@
  * FASTINST_CLIENT-free program linked with -lfastinst (the constructor
  * registers the sleds). Prints "ok toggles=T calls=C entries=E exits=X";
  * exits non-zero on any wrong result. Built with -DPG_BUILD (and -pg,
- * -pg -mfentry ...), the probes are -pg sites (provider 2), and the
- * split functions are ordinary ones: a -pg site cannot be placed. */
+ * -pg -mfentry ...) the probes are -pg sites (provider 2), with
+ * -DXRAY_BUILD (and clang -fxray-instrument) XRay sleds (provider 4); the
+ * split functions are then ordinary ones: such a site cannot be placed. */
 #include "fastinst.h"
 #include <pthread.h>
 #include <stdarg.h>
@@ -17,7 +18,10 @@
 #include <time.h>
 
 #define MAXP 256
-#ifdef PG_BUILD
+#if defined(XRAY_BUILD)
+#define PROVIDER 4
+#define SPLIT(k) __attribute__((noinline))
+#elif defined(PG_BUILD)
 #define PROVIDER 2
 #define SPLIT(k) __attribute__((noinline))
 #else
