@@ -151,9 +151,9 @@ fn static_key_switches(n: usize) -> Vec<f64> {
 fn main() {
     static_keys::global_init();
     // Before fastinst makes its code pages writable: static-keys puts a
-    // page back to read+execute after each switch, and fastinst, which
-    // makes a page writable once and keeps it so, would then fault on its
-    // next write there (docs/limits.md).
+    // page back to read+execute after each switch, and fastinst's next
+    // write there would take a fault (resolved by wordpatch's handler, at
+    // the cost of a signal and an `mprotect` that are not the toggle's).
     const SWITCHES: usize = 2001;
     let mut sk = static_key_switches(SWITCHES);
     let report = fastinst::register_sleds();

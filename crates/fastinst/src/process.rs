@@ -168,6 +168,12 @@ pub fn finish() {
                 s.discoveries
             ));
         }
+        let undone = wordpatch::reprotections_undone();
+        if undone > 0 {
+            log::info(format_args!(
+                "{undone} writes to code pages that another patcher had made read-only again were let through (wordpatch made the page writable again)"
+            ));
+        }
         // One fixed-format line that tools parse (fastinst-eval's Table 1).
         log::info(format_args!(
             "init total {} ticks (modules {}, sleds {}, discovery {})",

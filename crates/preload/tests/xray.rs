@@ -3,8 +3,9 @@
 //! not, XRay's runtime linked or not), run under the preload library. Their
 //! output must equal the uninstrumented build's with every tool and with a
 //! handler that clobbers every register a C function may; exact counts in
-//! every strategy; C++ exceptions and `longjmp` with exits on; then 8
-//! threads checking their results while every probe toggles.
+//! every strategy; C++ exceptions and `longjmp` with exits on; 8 threads
+//! checking their results while every probe toggles; and XRay's own
+//! runtime patching beside fastinst on one code page.
 
 mod common;
 use common::*;
@@ -171,4 +172,33 @@ fn eight_threads_while_every_probe_toggles() {
         total += toggles;
     }
     println!("0 failures in {total} toggles");
+}
+
+/// XRay's runtime patching one function while fastinst toggles another on
+/// the same code page: XRay puts the page back to read+execute after each
+/// patch, and fastinst's next write there faults, which wordpatch's handler
+/// resolves (`wordpatch::reprotect`).
+#[test]
+fn xrays_runtime_and_fastinst_patch_one_page_turn_by_turn() {
+    let dir = scratch("xray-coexist");
+    let f: Vec<&str> = ["-O2"].iter().chain(&XRAY).copied().collect();
+    let bin = build_api_program("clang", "xray_coexist.c", &f, &dir, "coexist");
+    let o = run(
+        &bin,
+        &[],
+        &dir,
+        false,
+        &[("FASTINST_TOOL", "none"), ("FASTINST_LOG", "info")],
+    );
+    let out = ok_stdout(&o, "coexist");
+    assert_eq!(out.trim(), "ok fastinst=1000 xray=1000");
+    // Each XRay patch made the page read-only again: fastinst's next toggle
+    // there faulted, and went through.
+    let err = String::from_utf8_lossy(&o.stderr);
+    let undone: u64 = err
+        .lines()
+        .find_map(|l| l.split("info: ").nth(1)?.strip_suffix(" writes to code pages that another patcher had made read-only again were let through (wordpatch made the page writable again)"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(undone >= 1000, "{undone} faults resolved:\n{err}");
 }

@@ -30,6 +30,7 @@
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("wordpatch patches x86-64 machine code: it builds for x86_64 only");
 
+mod chain;
 mod code_bytes;
 mod config;
 mod default_wait;
@@ -40,6 +41,7 @@ mod inflight;
 mod nop;
 mod patch;
 mod raw;
+mod reprotect;
 mod sites;
 mod trap;
 pub mod tsc;
@@ -57,6 +59,7 @@ pub use inflight::{diagnose, SlotDiagnosis, SLOTS as MAX_IN_FLIGHT_TABLE};
 pub use nop::{nop, NOP5};
 pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
 pub use raw::{read_code, read_code_u64, store_in_line, store_plain, Mismatch};
+pub use reprotect::{install_fault_handler, reprotections_undone};
 pub use sites::MAX_STRADDLER_SITES;
 pub use trap::{install_trap_handler, trap_handler_is_current, traps_handled};
 pub use wait::{ensure_sync_core, Wait, BUILTIN_TMAX};

@@ -15,6 +15,7 @@
 //! wordpatch replaces ours; straddling patches in flight then reach it.
 //! [`install_trap_handler`] may be called again to re-chain.
 
+use crate::chain::{chain, Prev};
 use crate::error::Error;
 use crate::inflight;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,16 +35,8 @@ pub fn traps_handled() -> u64 {
 }
 static INSTALL: Mutex<()> = Mutex::new(());
 
-/// The disposition found before ours. Written only under `INSTALL` while our
-/// handler is not yet installed (or being re-installed over a foreign one),
-/// read only by the handler.
-struct Prev(std::cell::UnsafeCell<libc::sigaction>);
-// SAFETY: written before the handler that reads it is installed (sigaction is
-// a full barrier for the signal's delivery), and never written while ours is
-// the installed handler.
-unsafe impl Sync for Prev {}
-// SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
-static PREV: Prev = Prev(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
+/// The disposition found before ours, written only under `INSTALL`.
+static PREV: Prev = Prev::new();
 
 /// Installs the SIGTRAP handler if it is not installed. Idempotent and cheap
 /// after the first call. Calling it again after the application replaced the
@@ -63,7 +56,7 @@ pub fn install_trap_handler() -> Result<(), Error> {
         if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut old) != 0 {
             return Err(Error::SignalHandler(errno()));
         }
-        *PREV.0.get() = old;
+        *PREV.get() = old;
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigtrap as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
@@ -122,41 +115,6 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
                 return;
             }
         }
-        chain(sig, info, ctx);
-    }
-}
-
-/// Hands a SIGTRAP that is not ours to the disposition found before ours.
-///
-/// # Safety
-/// Called from the signal handler with the kernel's arguments.
-unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: PREV is not written while our handler is installed (see Prev).
-    let prev = unsafe { &*PREV.0.get() };
-    match prev.sa_sigaction {
-        libc::SIG_IGN => {}
-        libc::SIG_DFL => {
-            // SAFETY: restoring the default disposition and re-raising are
-            // async-signal-safe; the raised signal is blocked until we return,
-            // then takes the default action (terminate with core).
-            unsafe {
-                let mut sa: libc::sigaction = std::mem::zeroed();
-                sa.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &sa, std::ptr::null_mut());
-                libc::raise(sig);
-            }
-        }
-        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: the previous disposition declared an SA_SIGINFO handler
-            // at this address.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(h) };
-            f(sig, info, ctx);
-        }
-        h => {
-            // SAFETY: the previous disposition declared a plain handler here.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
-            f(sig);
-        }
+        chain(&PREV, sig, info, ctx, false);
     }
 }

@@ -7,6 +7,10 @@
 //! made read-only again: code may be toggled again at any moment, and a second
 //! `mprotect` per toggle would cost far more than the toggle itself.
 //!
+//! Another patcher that makes such a page read-only again (around its own
+//! write) would make this crate's next write fault; `crate::reprotect`
+//! makes it writable again on that fault.
+//!
 //! Costs, stated in the README too: each touched page of a file-backed text
 //! segment becomes a private copy (4 KiB of anonymous memory per page, no
 //! longer shared with other processes mapping the same file), and the page
@@ -46,6 +50,12 @@ fn slot_of(page: usize) -> usize {
 
 fn known(page: usize) -> bool {
     find(page).is_some()
+}
+
+/// Whether `page` (page-aligned) is one this crate made (or found)
+/// writable. Lock-free: the fault handler asks it.
+pub(crate) fn is_tracked(page: usize) -> bool {
+    known(page)
 }
 
 fn find(page: usize) -> Option<usize> {
@@ -162,6 +172,7 @@ fn add_pages(first: usize, end: usize) -> Result<(), Error> {
             });
         }
         if !m.writable {
+            crate::reprotect::ensure_installed();
             // SAFETY: the run lies in one mapping that is mapped and
             // executable (checked above); adding write permission to code
             // changes no byte of it. Known pages in the run are writable

@@ -28,8 +28,8 @@ int __xray_set_handler(void (*entry)(int32_t, XRayEntryType));
 #define ROUNDS 301
 
 /* Each on a page of its own: XRay's runtime puts the page it patched back
- * to read+execute, and fastinst, which keeps a page it made writable so,
- * would fault writing there (docs/limits.md). */
+ * to read+execute, and fastinst's next write there would take a fault
+ * (resolved by wordpatch's handler, but not a toggle's cost). */
 __attribute__((noinline, aligned(4096))) int by_xray(int x) { return x * 3 + 1; }
 __attribute__((noinline, aligned(4096))) int by_fastinst(int x) { return x * 3 + 1; }
 __attribute__((noinline)) int plain(int x) { return x * 3 + 1; }

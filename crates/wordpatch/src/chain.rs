@@ -1,0 +1,74 @@
+//! Handing a signal that is not ours to the disposition found before ours,
+//! for this crate's handlers (SIGTRAP for the INT3 lock, SIGSEGV for pages
+//! made read-only again).
+
+/// A disposition found before one of ours. Written only while our handler
+/// is not installed (or being re-installed over a foreign one), read only
+/// by the handler.
+pub(crate) struct Prev(std::cell::UnsafeCell<libc::sigaction>);
+
+// SAFETY: written before the handler that reads it is installed (sigaction
+// is a full barrier for the signal's delivery), and never written while
+// ours is the installed handler.
+unsafe impl Sync for Prev {}
+
+impl Prev {
+    /// SIG_DFL with an empty mask.
+    pub(crate) const fn new() -> Prev {
+        // SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
+        Prev(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }))
+    }
+
+    /// Where the previous disposition is stored.
+    pub(crate) fn get(&self) -> *mut libc::sigaction {
+        self.0.get()
+    }
+}
+
+/// Hands signal `sig` to `prev`: calls its handler, ignores it, or for the
+/// default action restores it and lets it take effect: a fault (`refault`)
+/// by returning, so that the faulting instruction runs again and faults
+/// with its own siginfo; any other signal by raising it again.
+///
+/// # Safety
+/// Called from a signal handler with the kernel's arguments; `prev` is not
+/// written while that handler is installed.
+pub(crate) unsafe fn chain(
+    prev: &Prev,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+    refault: bool,
+) {
+    // SAFETY: not written while our handler is installed (the contract).
+    let prev = unsafe { &*prev.get() };
+    match prev.sa_sigaction {
+        libc::SIG_IGN if !refault => {}
+        libc::SIG_DFL | libc::SIG_IGN => {
+            // SAFETY: restoring the default disposition (and re-raising)
+            // are async-signal-safe; a raised signal is blocked until we
+            // return, then takes the default action, as does a fault whose
+            // instruction runs again (the kernel ignores SIG_IGN for those).
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+                if !refault {
+                    libc::raise(sig);
+                }
+            }
+        }
+        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the previous disposition declared an SA_SIGINFO handler
+            // at this address.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        }
+        h => {
+            // SAFETY: the previous disposition declared a plain handler here.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
+    }
+}
