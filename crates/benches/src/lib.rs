@@ -100,7 +100,8 @@ macro_rules! common_options_usage {
                       only in fastinst-accuracy)
   --compilers LIST    subset of gcc,clang,gcc-sled,clang-sled (sled: the
                       -fpatchable-function-entry=5 builds); also gcc-pg
-                      (-pg -mfentry) and clang-pg (-pg)
+                      (-pg -mfentry), clang-pg (-pg) and clang-xray
+                      (-fxray-instrument)
   --repeat N          each run does its workload N times over (default 1:
                       ~1 s runs); the costs fixed per run (start-up,
                       reports) then weigh 1/N as much

@@ -28,6 +28,9 @@ pub enum Compiler {
     /// clang with `-pg` (`call mcount` after the prologue; named, never a
     /// default).
     ClangPg,
+    /// clang with `-fxray-instrument -fxray-instruction-threshold=1` (the
+    /// XRay provider; named, never a default).
+    ClangXray,
 }
 
 impl Compiler {
@@ -35,25 +38,26 @@ impl Compiler {
     pub const ALL: [Compiler; 4] = [Compiler::Gcc, Compiler::Clang, Compiler::GccSled, Compiler::ClangSled];
     /// Every build kind `--compilers` can name: [`Compiler::ALL`] and the
     /// `-pg` builds.
-    pub const NAMED: [Compiler; 6] = [
+    pub const NAMED: [Compiler; 7] = [
         Compiler::Gcc,
         Compiler::Clang,
         Compiler::GccSled,
         Compiler::ClangSled,
         Compiler::GccPg,
         Compiler::ClangPg,
+        Compiler::ClangXray,
     ];
 
     /// The command.
     pub fn command(self) -> &'static str {
         match self {
             Compiler::Gcc | Compiler::GccSled | Compiler::GccPg => "gcc",
-            Compiler::Clang | Compiler::ClangSled | Compiler::ClangPg => "clang",
+            Compiler::Clang | Compiler::ClangSled | Compiler::ClangPg | Compiler::ClangXray => "clang",
         }
     }
 
     /// Its name on the command line and in file names: `gcc`, `clang`,
-    /// `gcc-sled`, `clang-sled`, `gcc-pg`, `clang-pg`.
+    /// `gcc-sled`, `clang-sled`, `gcc-pg`, `clang-pg`, `clang-xray`.
     pub fn name(self) -> &'static str {
         match self {
             Compiler::Gcc => "gcc",
@@ -62,6 +66,7 @@ impl Compiler {
             Compiler::ClangSled => "clang-sled",
             Compiler::GccPg => "gcc-pg",
             Compiler::ClangPg => "clang-pg",
+            Compiler::ClangXray => "clang-xray",
         }
     }
 
@@ -73,6 +78,7 @@ impl Compiler {
             Compiler::GccSled | Compiler::ClangSled => "-fpatchable-function-entry=5",
             Compiler::GccPg => "-pg -mfentry",
             Compiler::ClangPg => "-pg",
+            Compiler::ClangXray => "-fxray-instrument -fxray-instruction-threshold=1",
         }
     }
 
@@ -549,7 +555,7 @@ mod tests {
         let e = compilers_named("gcc,icc", "--compilers").expect_err("icc is not a build");
         assert_eq!(
             e.to_string(),
-            "--compilers: `icc` is not one of gcc, clang, gcc-sled, clang-sled, gcc-pg, clang-pg"
+            "--compilers: `icc` is not one of gcc, clang, gcc-sled, clang-sled, gcc-pg, clang-pg, clang-xray"
         );
     }
 

@@ -14,8 +14,9 @@ usage: fastinst sites [options] FILE
 
 Lists the probe sites of an ELF executable or shared library built with
 -finstrument-functions, -fpatchable-function-entry=5 or -pg, as the runtime
-would recognise them: each hook call or tail jump, each entry NOP sled and
-each -pg profiling call (which the runtime turns into a sled), with
+would recognise them: each hook call or tail jump, each entry NOP sled, each
+-pg profiling call and XRay entry sled (which the runtime turns into sleds)
+and each Rust point probe (listed as `point NAME`), with
 its function, entry/exit, form (call, plt, got, tail, tail-plt, tail-got,
 sled), address (the file's) and straddle split (bytes in the first|second
 64-byte line, `-` when it does not straddle); then totals. A hook site in an

@@ -455,18 +455,19 @@ fn pprof_output_is_read_by_go_tool_pprof() {
             .and_then(|l| l.split_whitespace().last())
             .unwrap_or_else(|| panic!("no rows in:\n{out}"))
             .to_string();
-        let heaviest = j["functions"]
-            .as_array()
-            .unwrap()
+        // The heaviest by the report; several when they tie (two totals
+        // capped at a short run's length), which pprof orders its own way.
+        let functions = j["functions"].as_array().unwrap();
+        let value = |f: &serde_json::Value| f[column].as_f64().unwrap();
+        let max = functions.iter().map(value).fold(f64::MIN, f64::max);
+        let heaviest: Vec<&str> = functions
             .iter()
-            .max_by(|a, b| a[column].as_f64().unwrap().total_cmp(&b[column].as_f64().unwrap()))
-            .unwrap()["name"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert_eq!(
-            first, heaviest,
-            "go tool pprof -sample_index={index} ranks first:\n{out}"
+            .filter(|f| value(f) == max)
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            heaviest.contains(&first.as_str()),
+            "go tool pprof -sample_index={index} ranks {first} first, the report {heaviest:?}:\n{out}"
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -79,6 +79,7 @@ fn a_rust_service_counts_exactly_and_its_profile_names_its_functions() {
             "no sled for {f}:\n{sites}"
         );
     }
+    assert!(sites.contains("point cache-miss"), "{sites}");
 
     // The point is a USDT probe too (`perf probe sdt_fastinst:cache_miss`,
     // bpftrace's `usdt:`): its note names a one-byte NOP right after the

@@ -15,7 +15,8 @@
 //! is listed once, as an entry site of form `sled` (its exit probe has no
 //! site of its own). So are the `-pg` builds' profiling calls and NOPs
 //! ([`crate::mcount`]) and XRay's entry sleds ([`crate::xray`]), which the
-//! runtime turns into sleds.
+//! runtime turns into sleds, and Rust's point probes ([`crate::points`]),
+//! listed as `point NAME`.
 //!
 //! Addresses are the file's virtual addresses. A PIE or shared object is
 //! moved by a page-aligned load bias at run time, which keeps every offset
@@ -122,6 +123,24 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         }
         out.unusable_sleds
             .extend(m.unusable.into_iter().map(|(a, e)| (a, e.to_string())));
+    }
+    if crate::points::has_points(&sections) {
+        let (points, unusable) = crate::points::points_in_elf(bytes)?;
+        out.has_hooks |= !points.is_empty();
+        for p in points {
+            out.sites.push(FileSite {
+                site: HookSite {
+                    addr: p.addr,
+                    kind: HookKind::Enter,
+                    form: SiteForm::Sled,
+                    operand: 0,
+                },
+                function: format!("point {}", p.name),
+                function_start: symbols.containing(p.addr).map_or(p.addr, |f| f.start),
+            });
+        }
+        out.unusable_sleds
+            .extend(unusable.into_iter().map(|(a, e)| (a, e.to_string())));
     }
     let xray = crate::xray::entry_sleds(&sections);
     out.has_hooks |= !xray.is_empty();
