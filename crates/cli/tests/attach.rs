@@ -117,6 +117,64 @@ fn clang_sled_build_is_attached_profiled_and_left_as_it_was() {
     attach_profile_detach("clang");
 }
 
+/// A Rust program instrumented with `#[fastinst::instrument]` (the
+/// `rust_service` example): its sleds are in the same table as a C sled
+/// build's, so attach finds, profiles and restores them alike.
+#[test]
+fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
+    let dir = scratch("attach-rust");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
+    assert!(bin.exists(), "{} not built (cargo test builds examples)", bin.display());
+    // About 3 s on 4 threads.
+    let args = ["8000000", "4"];
+    let child = spawn(&bin, &args);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.join("out");
+    let o = fastinst(
+        &[
+            "attach",
+            "--duration",
+            "0.5",
+            "--out",
+            out.to_str().unwrap(),
+            &pid.to_string(),
+        ],
+        &dir,
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
+    let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+    assert!(sites.len() >= 5, "{} sites", sites.len());
+    let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+    let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
+    assert!(wrong.is_empty(), "sites differ from the file after detach: {wrong:x?}");
+    let (got, rc) = finish(child);
+    assert_eq!(rc, Some(0));
+    assert!(
+        got.starts_with("served 8000000 requests on 4 threads: 5000 cache misses, 24000000 parts"),
+        "{got}"
+    );
+    let json = out.join(format!("fastinst-profile.{pid}.json"));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let names: Vec<&str> = r["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    for f in [
+        "rust_service::handle",
+        "rust_service::render",
+        "rust_service::Cache::lookup",
+    ] {
+        assert!(names.contains(&f), "{f} not in the attached profile: {names:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn refusals_name_their_reason_and_leave_the_target_untouched() {
     // No such process.

@@ -8,6 +8,9 @@
 /// Size of an x86-64 cache line, the unit in which instruction fetch sees stores.
 pub const CACHE_LINE: usize = 64;
 
+/// Base page size on x86-64 Linux.
+pub const PAGE_SIZE: usize = 4096;
+
 /// Longest patch: one 8-byte store is the widest write the model calls atomic.
 pub const MAX_PATCH_LEN: usize = 8;
 

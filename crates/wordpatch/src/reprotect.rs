@@ -20,8 +20,8 @@
 
 use crate::chain::{chain, Prev};
 use crate::error::Error;
-use crate::writable::{is_tracked, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::geometry::PAGE_SIZE;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// `si_code` of a fault on a mapped page whose protection forbids the access.
@@ -32,6 +32,10 @@ static INSTALL: Mutex<()> = Mutex::new(());
 static UNDONE: AtomicU64 = AtomicU64::new(0);
 /// The disposition found before ours, written only under `INSTALL`.
 static PREV: Prev = Prev::new();
+/// Whether a page is one the page tracker made writable (a
+/// `fn(usize) -> bool`, lock-free), handed over by the tracker when it
+/// installs the handler; 0 before.
+static TRACKED: AtomicUsize = AtomicUsize::new(0);
 
 /// How many write faults on tracked code pages the handler has resolved by
 /// making the page writable again: each a page another patcher (or the
@@ -72,8 +76,10 @@ pub fn install_fault_handler() -> Result<(), Error> {
     Ok(())
 }
 
-/// Installs the handler once (the page-tracking path's check).
-pub(crate) fn ensure_installed() {
+/// Installs the handler once (the page-tracking path's check), with the
+/// tracker's lock-free test of a page.
+pub(crate) fn ensure_installed(tracked: fn(usize) -> bool) {
+    TRACKED.store(tracked as usize, Ordering::Release);
     if !INSTALLED.load(Ordering::Acquire) {
         // Without it, a page protected again by someone else faults as it
         // would have before this crate existed: not worth failing a patch.
@@ -100,7 +106,10 @@ extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     // this crate made writable before restores what it set, and is
     // async-signal-safe.
     unsafe {
-        if (*info).si_code == SEGV_ACCERR {
+        let tracked = TRACKED.load(Ordering::Acquire);
+        if (*info).si_code == SEGV_ACCERR && tracked != 0 {
+            // SAFETY: stored from a `fn(usize) -> bool` (ensure_installed).
+            let is_tracked: fn(usize) -> bool = std::mem::transmute::<usize, fn(usize) -> bool>(tracked);
             let page = (*info).si_addr() as usize & !(PAGE_SIZE - 1);
             if is_tracked(page)
                 && libc::mprotect(

@@ -20,8 +20,7 @@ use crate::error::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// Base page size on x86-64 Linux.
-pub const PAGE_SIZE: usize = 4096;
+use crate::geometry::PAGE_SIZE;
 
 const CAPACITY: usize = 1 << 16;
 /// A forgotten page: lookups probe past it, inserts may reuse it.
@@ -172,7 +171,7 @@ fn add_pages(first: usize, end: usize) -> Result<(), Error> {
             });
         }
         if !m.writable {
-            crate::reprotect::ensure_installed();
+            crate::reprotect::ensure_installed(is_tracked);
             // SAFETY: the run lies in one mapping that is mapped and
             // executable (checked above); adding write permission to code
             // changes no byte of it. Known pages in the run are writable
