@@ -24,6 +24,7 @@ pub mod library;
 pub mod report;
 pub mod run;
 pub mod sites;
+pub mod top;
 
 pub use error::{CliError, Result};
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ commands:
   attach [options] PID
                     profile running process PID for a while, then detach
                     and leave it as it was
+  top [options] [--] PROGRAM [ARGS...]
+                    run PROGRAM under the profiler with a live view of
+                    its functions, refreshed in the terminal
   report FILE.json  render a saved profile again (text, folded, flame graph)
   sites FILE        list the probe sites of an ELF file
   calibrate         measure T_max on this machine, write the machine config
@@ -55,6 +59,7 @@ fn usage_of(cmd: &str) -> Option<&'static str> {
         "attach" => attach::USAGE,
         "report" => report::USAGE,
         "sites" => sites::USAGE,
+        "top" => top::USAGE,
         "calibrate" => calibrate::cli::USAGE,
         _ => return None,
     })
@@ -109,6 +114,10 @@ pub fn main(args: &[String]) -> ExitCode {
         "sites" => sites::parse(rest).and_then(|a| match a {
             Some(a) => sites::run(&a).map(|()| ExitCode::SUCCESS),
             None => help(sites::USAGE),
+        }),
+        "top" => top::parse(rest).and_then(|a| match a {
+            Some(a) => top::run(&a).map(ExitCode::from),
+            None => help(top::USAGE),
         }),
         "calibrate" => return calibrate::cli::main(rest),
         "help" | "-h" | "--help" => match rest.first() {

@@ -241,10 +241,10 @@ pub fn no_probes_note(program: &std::ffi::OsStr) -> Option<String> {
     (!build.any()).then(|| {
         format!(
             "fastinst: {} has no probe sites (no -finstrument-functions hook calls, no \
-             -fpatchable-function-entry sleds, no -pg profiling calls), so only libraries it \
-             loads that have them are probed; build it with `gcc -O2 -finstrument-functions`, \
-             `-fpatchable-function-entry=5` or `-pg -mfentry` (`fastinst sites FILE` lists \
-             what a build has)",
+             -fpatchable-function-entry sleds, no -pg profiling calls, no XRay sleds, no Rust \
+             probes), so only libraries it loads that have them are probed; build it with \
+             `gcc -O2 -finstrument-functions`, `-fpatchable-function-entry=5` or `-pg -mfentry`, \
+             or use #[fastinst::instrument] in Rust (`fastinst sites FILE` lists what a build has)",
             path.display()
         )
     })
@@ -252,6 +252,38 @@ pub fn no_probes_note(program: &std::ffi::OsStr) -> Option<String> {
 
 /// Runs it; returns the exit status to pass on.
 pub fn run(r: &RunArgs) -> Result<u8> {
+    let (mut cmd, out_dir) = command(r)?;
+    let mut child = cmd.spawn().map_err(|source| CliError::Spawn {
+        program: r.command[0].clone().into(),
+        source,
+    })?;
+    let pid = child.id();
+    // Ctrl-C and Ctrl-\ reach the whole foreground group: the program decides
+    // what they mean, and this process waits to pass on its status (as
+    // system(3) does). Set after the spawn, so the program keeps the default
+    // dispositions.
+    ignore_terminal_signals();
+    let status = child.wait().map_err(CliError::io(&r.command[0]))?;
+    if r.print {
+        print_report(&out_dir, &r.tool, pid);
+    }
+    Ok(exit_status(status))
+}
+
+/// The status to pass on for a child's `status`: its code, or 128 + the
+/// signal that ended it.
+pub(crate) fn exit_status(status: std::process::ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        (None, None) => 1,
+    }
+}
+
+/// The program's command under the preload library with `r`'s settings,
+/// and the directory its reports go to. Says first when the program has
+/// no probe sites.
+pub(crate) fn command(r: &RunArgs) -> Result<(Command, PathBuf)> {
     let lib = library::find(r.lib.as_deref())?;
     if let Some(note) = no_probes_note(std::ffi::OsStr::new(&r.command[0])) {
         eprintln!("{note}");
@@ -279,28 +311,10 @@ pub fn run(r: &RunArgs) -> Result<u8> {
             None => PathBuf::from("."),
         },
     };
-    let mut child = cmd.spawn().map_err(|source| CliError::Spawn {
-        program: r.command[0].clone().into(),
-        source,
-    })?;
-    let pid = child.id();
-    // Ctrl-C and Ctrl-\ reach the whole foreground group: the program decides
-    // what they mean, and this process waits to pass on its status (as
-    // system(3) does). Set after the spawn, so the program keeps the default
-    // dispositions.
-    ignore_terminal_signals();
-    let status = child.wait().map_err(CliError::io(&r.command[0]))?;
-    if r.print {
-        print_report(&out_dir, &r.tool, pid);
-    }
-    Ok(match (status.code(), status.signal()) {
-        (Some(c), _) => c as u8,
-        (None, Some(s)) => 128u8.wrapping_add(s as u8),
-        (None, None) => 1,
-    })
+    Ok((cmd, out_dir))
 }
 
-fn ignore_terminal_signals() {
+pub(crate) fn ignore_terminal_signals() {
     for sig in [libc::SIGINT, libc::SIGQUIT] {
         // SAFETY: SIG_IGN installs no handler code; the process is single
         // threaded here apart from the waiting it is about to do.

@@ -11,13 +11,8 @@
 //! The settings file holds `KEY=VALUE` lines: the `FASTINST_*` variables
 //! the process was not started with (read in place of its environment,
 //! which is never written: `setenv` races every other thread's `getenv`),
-//! and `FASTINST_CONTROL`, the path of the Unix socket this module serves
-//! (mode 0600, in a directory only its owner can enter). Over it, one
-//! line per connection, with one line of answer:
-//! - `status`: `ok attached <tool>`;
-//! - `report`: the profiler writes its reports now; `ok <files>`;
-//! - `detach`: the tool stops and writes its reports, every probe goes
-//!   off, the sampler thread ends; `ok <files>`, and the socket goes.
+//! and `FASTINST_CONTROL`, the path of the control socket
+//! ([`crate::control`]) it then serves.
 //!
 //! What stays behind after a detach: the mapped library, its trampoline
 //! pages and its idle state. Calls that were being timed when the tool
@@ -26,12 +21,7 @@
 //! A process is attached once: the runtime's tools are made once per
 //! process, so attaching again is refused ([`AttachError::AlreadyStarted`]).
 
-use crate::tools::Tool;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// Why an attached start failed: also `fastinst_attach_start`'s status
 /// ([`AttachError::code`]).
@@ -112,82 +102,13 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     if crate::process::started() || !crate::env::set_overlay(vars) {
         return Err(AttachError::AlreadyStarted);
     }
-    let _ = std::fs::remove_file(&control);
-    let listener = UnixListener::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
-    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| AttachError::Control(control.clone(), e))?;
+    let listener = crate::control::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
     crate::attached::set(true);
     crate::process::start_from_env();
     std::thread::Builder::new()
         .name("fastinst-control".into())
-        .spawn(move || serve(listener, control))
+        .spawn(move || crate::control::serve(listener, control, true))
         .map_err(|e| AttachError::Control(PathBuf::new(), e))?;
-    Ok(())
-}
-
-fn take_written() -> String {
-    let files = crate::attached::take_written();
-    files
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Serves the control socket until a `detach`.
-fn serve(listener: UnixListener, path: PathBuf) {
-    for conn in listener.incoming() {
-        let Ok(mut conn) = conn else { continue };
-        let mut line = String::new();
-        if BufReader::new(&conn).read_line(&mut line).is_err() {
-            continue;
-        }
-        let (answer, done) = match line.trim() {
-            "status" => (format!("ok attached {:?}", crate::process::tool()), false),
-            "report" => {
-                if crate::process::tool() == Tool::Profile {
-                    crate::profile::write_reports(true);
-                    (format!("ok {}", take_written()), false)
-                } else {
-                    ("error only the profiler writes reports on demand".to_string(), false)
-                }
-            }
-            "detach" => match detach() {
-                Ok(()) => (format!("ok {}", take_written()), true),
-                Err(e) => (format!("error {e}"), true),
-            },
-            other => (
-                format!("error unknown command `{other}` (status, report, detach)"),
-                false,
-            ),
-        };
-        let _ = writeln!(conn, "{answer}");
-        if done {
-            break;
-        }
-    }
-    let _ = std::fs::remove_file(path);
-}
-
-/// Ends the attached run: the tool writes its reports as at exit, its
-/// sampler thread ends, and every probe goes off (a sled back to its
-/// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
-fn detach() -> Result<(), String> {
-    crate::process::finish();
-    let sampler_ended = crate::profile::end_for_detach(Duration::from_secs(2));
-    let mut failed = 0;
-    for p in crate::registry::iter() {
-        if crate::deactivate(p.meta.id).is_err() {
-            failed += 1;
-        }
-    }
-    crate::attached::set(false);
-    if !sampler_ended {
-        return Err("the sampler thread did not end within 2 s".into());
-    }
-    if failed > 0 {
-        return Err(format!("{failed} probes could not be switched off"));
-    }
     Ok(())
 }
 

@@ -89,6 +89,7 @@ pub mod c_abi;
 pub mod clock;
 mod code;
 mod contention;
+pub mod control;
 mod discovery;
 mod env;
 mod error;

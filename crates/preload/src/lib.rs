@@ -41,6 +41,7 @@ extern "C" fn ctor() {
             return;
         }
         fastinst::process::start_from_env();
+        fastinst::control::serve_from_env();
         // SAFETY: plain extern "C" functions that catch every panic; they
         // take and release only locks the runtime owns.
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
@@ -58,6 +59,7 @@ extern "C" fn at_exit() {
     // from the system allocator, which reuses memory better (see `heap`).
     heap::hand_over();
     let _ = std::panic::catch_unwind(fastinst::process::finish);
+    let _ = std::panic::catch_unwind(fastinst::control::end);
 }
 
 /// Registers the exit handler of an attached runtime: a process that ends

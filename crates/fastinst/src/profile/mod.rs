@@ -63,7 +63,7 @@ use due::Due;
 use functions::Func;
 use handlers::{on_entry, on_exit};
 use local::with_local;
-pub(crate) use output::write_reports;
+pub(crate) use output::{snapshot_json, write_reports};
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
 use profiler::{get, Profiler, PROFILER};

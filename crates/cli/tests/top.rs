@@ -1,0 +1,94 @@
+//! `fastinst top` through a pseudo-terminal, as a user sees it: the
+//! `rust_service` example runs under it; the view is redrawn (cleared and
+//! homed) several times with the table's header and the service's
+//! functions, the program's own output goes to the log file, and at the
+//! end the program's status and where its output and reports are.
+
+mod common;
+use common::*;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+
+#[test]
+fn the_live_view_refreshes_in_a_terminal_and_ends_with_the_programs_status() {
+    let dir = scratch("top");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
+    assert!(bin.exists(), "{} not built (cargo test builds examples)", bin.display());
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors into the out-parameters; the
+    // name, termios and window size are not asked for.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: fresh descriptors, each owned once from here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .args(["top", "--interval", "0.2", "--rows", "5", "--out"])
+        .arg(&dir)
+        .arg("--")
+        .arg(&bin)
+        .args(["3000000", "4"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    // Read until every writer is gone (EIO on a pty).
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::from(master);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let status = child.wait().unwrap();
+    let screen = reader.join().unwrap();
+    assert!(status.success(), "{screen}");
+    let frames = screen.matches("\x1b[H\x1b[2J").count();
+    assert!(frames >= 2, "{frames} redraws:\n{screen}");
+    assert!(screen.contains("p50 us") && screen.contains("p99 us"), "{screen}");
+    for f in ["rust_service::handle", "rust_service::render"] {
+        assert!(screen.contains(f), "{f} not shown:\n{screen}");
+    }
+    assert!(screen.contains("exited with status 0"), "{screen}");
+    // The program's output went to the log, not over the table.
+    assert!(!screen.contains("served 3000000 requests"), "{screen}");
+    let log = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("fastinst-top."))
+        .expect("the program's log");
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("served 3000000 requests"),
+        "{}",
+        log.display()
+    );
+    // The reports at exit, as under `fastinst run`.
+    assert!(
+        std::fs::read_dir(&dir).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("fastinst-profile.")),
+        "no reports in {}",
+        dir.display()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
