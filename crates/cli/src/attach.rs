@@ -88,49 +88,57 @@ extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 
-/// Attaches, waits, detaches; says what it did on stderr.
-pub fn run(a: &AttachArgs) -> Result<()> {
-    let lib = library::find(a.run.lib.as_deref())?;
-    let out = match &a.run.out {
+/// From now on Ctrl-C ends the attach (see [`interrupted`]) instead of
+/// this process.
+pub(crate) fn catch_interrupt() {
+    let handler = nix::sys::signal::SigHandler::Handler(on_interrupt);
+    // SAFETY: the handler stores to an atomic, which is async-signal-safe.
+    let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGINT, handler) };
+}
+
+/// Whether Ctrl-C was pressed since [`catch_interrupt`].
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// Whether process `pid` is still there.
+pub(crate) fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Attaches to `pid` with `run`'s settings; says so on stderr.
+pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Session> {
+    let lib = library::find(run.lib.as_deref())?;
+    let out = match &run.out {
         Some(o) => {
             std::fs::create_dir_all(o).map_err(CliError::io(o))?;
             o.canonicalize().map_err(CliError::io(o))?
         }
         None => std::env::current_dir().map_err(CliError::io("."))?,
     };
-    let mut settings: Vec<(String, String)> = a.run.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let mut settings: Vec<(String, String)> = run.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     settings.push(("FASTINST_OUT".into(), out.display().to_string()));
-    let handler = nix::sys::signal::SigHandler::Handler(on_interrupt);
-    // SAFETY: the handler stores to an atomic, which is async-signal-safe.
-    let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGINT, handler) };
-    let session = fastinst_attach::attach(a.pid, &fastinst_attach::Options { library: lib, settings })
+    let session = fastinst_attach::attach(pid, &fastinst_attach::Options { library: lib, settings })
         .map_err(|e| CliError::Attach(e.to_string()))?;
     let t = &session.timings;
     eprintln!(
         "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction)",
-        a.pid,
+        pid,
         t.total.as_secs_f64() * 1e3,
         t.threads,
         t.all_stopped.as_secs_f64() * 1e3,
         t.sites,
         t.normalised
     );
-    let began = Instant::now();
-    let alive = || std::path::Path::new(&format!("/proc/{}", a.pid)).exists();
-    while !INTERRUPTED.load(Ordering::Relaxed) && a.duration.is_none_or(|d| began.elapsed() < d) {
-        if !alive() {
-            eprintln!(
-                "fastinst: process {} exited while attached; its reports were written at its exit",
-                a.pid
-            );
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Ok(session)
+}
+
+/// Detaches `session` from `pid`; says what it did on stderr.
+pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
     let d = session.detach().map_err(|e| CliError::Attach(e.to_string()))?;
     eprintln!(
         "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files)",
-        a.pid,
+        pid,
         d.total.as_secs_f64() * 1e3,
         d.all_stopped.as_secs_f64() * 1e3,
         d.sites_checked
@@ -144,4 +152,22 @@ pub fn run(a: &AttachArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Attaches, waits, detaches; says what it did on stderr.
+pub fn run(a: &AttachArgs) -> Result<()> {
+    catch_interrupt();
+    let session = begin(a.pid, &a.run)?;
+    let began = Instant::now();
+    while !interrupted() && a.duration.is_none_or(|d| began.elapsed() < d) {
+        if !alive(a.pid) {
+            eprintln!(
+                "fastinst: process {} exited while attached; its reports were written at its exit",
+                a.pid
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    end(a.pid, session)
 }

@@ -10,6 +10,7 @@
 //! reports are written at its exit as usual.
 
 use crate::args::{Args, Item};
+use crate::attach;
 use crate::error::{CliError, Result};
 use crate::run::{self, RunArgs};
 use fastinst_report::Report;
@@ -22,27 +23,38 @@ use std::time::Duration;
 /// Usage text.
 pub const USAGE: &str = "\
 usage: fastinst top [--interval S] [--rows N] [run options] [--] PROGRAM [ARGS...]
+       fastinst top --pid PID [--duration S] [--interval S] [--rows N] [attach options]
 
-Runs PROGRAM under the latency profiler, as `fastinst run` does, and shows
-its functions live, refreshed every S seconds: calls (estimated, or = when
+Runs PROGRAM under the latency profiler, as `fastinst run` does, or
+attaches to running process PID, as `fastinst attach` does, and shows its
+functions live, refreshed every S seconds: calls (estimated, or = when
 exact), total (inclusive) and self time so far, p50 and p99 of the timed
 calls, heaviest total first. PROGRAM's stdout and stderr go to
-fastinst-top.<pid>.log in the reports' directory; the reports are written
-at its exit, and the last table stays on the screen.
+fastinst-top.<pid>.log in the reports' directory, and its reports are
+written at its exit; PID is detached at Ctrl-C or after --duration, its
+reports written then. The last table stays on the screen.
 
 options:
   --interval S      seconds between refreshes (default 1; at least 0.05)
   --rows N          functions shown (default 20)
-  run options       as for `fastinst run` (--out, --functions, --samples,
-                    ...); the tool is the profiler
+  --pid PID         a running process (a sled build), not a program to run
+  --duration S      with --pid: seconds to stay attached (default: until
+                    Ctrl-C)
+  run options       as for `fastinst run` or `fastinst attach` (--out,
+                    --functions, --samples, ...); the tool is the profiler
   -h, --help        this text
 ";
 
 /// A parsed `fastinst top`.
 #[derive(Debug)]
 pub struct TopArgs {
-    /// The program and the runtime's settings, as for `fastinst run`.
+    /// The program (none with `--pid`) and the runtime's settings, as for
+    /// `fastinst run`.
     pub run: RunArgs,
+    /// `--pid`: a running process to attach to.
+    pub pid: Option<i32>,
+    /// `--duration`, with `--pid`.
+    pub duration: Option<Duration>,
     /// Time between refreshes.
     pub interval: Duration,
     /// Functions shown.
@@ -54,6 +66,8 @@ pub fn parse(argv: &[String]) -> Result<Option<TopArgs>> {
     let mut a = Args::new("top", argv);
     let mut interval = Duration::from_secs(1);
     let mut rows = 20;
+    let mut pid: Option<String> = None;
+    let mut duration: Option<String> = None;
     let mut rest: Vec<String> = Vec::new();
     while let Some(item) = a.next_item() {
         match item {
@@ -71,6 +85,8 @@ pub fn parse(argv: &[String]) -> Result<Option<TopArgs>> {
                     return Err(a.usage(format!("{n}: at least one row")));
                 }
             }
+            Item::Opt(n @ "--pid", i) => pid = Some(a.value(n, i)?.to_string()),
+            Item::Opt(n @ "--duration", i) => duration = Some(a.value(n, i)?.to_string()),
             Item::Opt(name, i) => {
                 rest.push(name.to_string());
                 if i.is_some() || takes_value(name) {
@@ -90,17 +106,48 @@ pub fn parse(argv: &[String]) -> Result<Option<TopArgs>> {
             }
         }
     }
-    let Some(r) = run::parse(&rest).map_err(|e| match e {
-        CliError::Usage(m) => CliError::Usage(m.replacen("fastinst run", "fastinst top", 1)),
+    let retitle = |e: CliError| match e {
+        CliError::Usage(m) => CliError::Usage(m.replacen("fastinst run", "fastinst top", 1).replacen(
+            "fastinst attach",
+            "fastinst top",
+            1,
+        )),
         e => e,
-    })?
-    else {
-        return Ok(None);
+    };
+    let (r, pid, duration) = match pid {
+        Some(p) => {
+            if rest.iter().any(|x| x == "--") {
+                return Err(a.usage("--pid: a running process, or a program to run, not both"));
+            }
+            rest.push(p);
+            if let Some(d) = duration {
+                rest.extend(["--duration".to_string(), d]);
+            }
+            let Some(at) = attach::parse(&rest).map_err(retitle)? else {
+                return Ok(None);
+            };
+            (at.run, Some(at.pid), at.duration)
+        }
+        None => {
+            if duration.is_some() {
+                return Err(a.usage("--duration: only with --pid (a program runs to its end)"));
+            }
+            let Some(r) = run::parse(&rest).map_err(retitle)? else {
+                return Ok(None);
+            };
+            (r, None, None)
+        }
     };
     if r.tool != "profile" {
         return Err(a.usage(format!("--tool {}: top shows the profiler's view only", r.tool)));
     }
-    Ok(Some(TopArgs { run: r, interval, rows }))
+    Ok(Some(TopArgs {
+        run: r,
+        pid,
+        duration,
+        interval,
+        rows,
+    }))
 }
 
 /// The `fastinst run` options that take a value (passed on to its parser).
@@ -125,8 +172,68 @@ fn takes_value(name: &str) -> bool {
     )
 }
 
-/// Runs the program and the view; returns the program's exit status.
+/// Runs the program (or attaches to the process) and the view; returns
+/// the program's exit status (0 for an attached process).
 pub fn run(t: &TopArgs) -> Result<u8> {
+    match t.pid {
+        Some(pid) => run_attached(t, pid),
+        None => run_program(t),
+    }
+}
+
+/// One refresh: the frame to draw from a snapshot at `socket`, and the new
+/// last table. A failed snapshot keeps the last table, marked.
+fn frame(socket: &Path, rows: usize, label: &str, last: &mut Option<String>) -> String {
+    match snapshot(socket) {
+        Ok(r) => {
+            let table = render(&r, rows);
+            *last = Some(table.clone());
+            table
+        }
+        Err(why) => match last {
+            Some(table) => format!("{table}\n(not refreshed: {why})\n"),
+            None => format!("fastinst top: {label}: {why}\n"),
+        },
+    }
+}
+
+/// Draws `frame`: the screen cleared first on a terminal.
+fn draw(frame: &str, tty: bool) {
+    let mut out = std::io::stdout().lock();
+    // The view is best effort: a closed terminal stops neither the program
+    // nor the detach.
+    let _ = write!(out, "{}{frame}", if tty { "\x1b[H\x1b[2J" } else { "\n" });
+    let _ = out.flush();
+}
+
+fn is_tty() -> bool {
+    // SAFETY: isatty only reads the descriptor's state.
+    unsafe { libc::isatty(1) == 1 }
+}
+
+/// `fastinst top --pid`: attaches, redraws until Ctrl-C, --duration or the
+/// process's exit, and detaches.
+fn run_attached(t: &TopArgs, pid: i32) -> Result<u8> {
+    attach::catch_interrupt();
+    let session = attach::begin(pid, &t.run)?;
+    let (tty, began, label) = (is_tty(), std::time::Instant::now(), format!("process {pid}"));
+    let mut last = None;
+    while !attach::interrupted() && t.duration.is_none_or(|d| began.elapsed() < d) {
+        std::thread::sleep(t.interval);
+        if !attach::alive(pid) {
+            println!("\nfastinst top: process {pid} exited while attached; its reports were written at its exit");
+            return Ok(0);
+        }
+        draw(&frame(session.control_path(), t.rows, &label, &mut last), tty);
+    }
+    println!();
+    attach::end(pid, session)?;
+    Ok(0)
+}
+
+/// `fastinst top -- PROGRAM`: runs it with a control socket and redraws
+/// until it exits.
+fn run_program(t: &TopArgs) -> Result<u8> {
     // SAFETY: getuid and getpid cannot fail.
     let (uid, me) = unsafe { (libc::getuid(), libc::getpid()) };
     let dir = PathBuf::from(format!("/tmp/fastinst-{uid}/top-{me}"));
@@ -146,8 +253,8 @@ pub fn run(t: &TopArgs) -> Result<u8> {
     })?;
     let pid = child.id();
     run::ignore_terminal_signals();
-    // SAFETY: isatty only reads the descriptor's state.
-    let tty = unsafe { libc::isatty(1) } == 1;
+    let tty = is_tty();
+    let label = format!("{} (pid {pid})", t.run.command[0]);
     // The last table drawn from a snapshot.
     let mut last: Option<String> = None;
     let status = loop {
@@ -155,29 +262,12 @@ pub fn run(t: &TopArgs) -> Result<u8> {
             break st;
         }
         std::thread::sleep(t.interval);
-        let frame = match snapshot(&socket) {
-            Ok(r) => {
-                let table = render(&r, t.rows);
-                last = Some(table.clone());
-                table
-            }
-            Err(why) => {
-                // The program may have ended meanwhile (its socket with
-                // it): the last table stays on the screen.
-                if let Some(st) = child.try_wait().map_err(CliError::io(&t.run.command[0]))? {
-                    break st;
-                }
-                match &last {
-                    Some(table) => format!("{table}\n(not refreshed: {why})\n"),
-                    None => format!("fastinst top: {} (pid {pid}): {why}\n", t.run.command[0]),
-                }
-            }
-        };
-        let mut out = std::io::stdout().lock();
-        // The view is best effort: a closed terminal does not stop the
-        // program, whose status is still passed on.
-        let _ = write!(out, "{}{frame}", if tty { "\x1b[H\x1b[2J" } else { "\n" });
-        let _ = out.flush();
+        // The program may have ended meanwhile, its socket with it: the
+        // last table stays on the screen.
+        if let Some(st) = child.try_wait().map_err(CliError::io(&t.run.command[0]))? {
+            break st;
+        }
+        draw(&frame(&socket, t.rows, &label, &mut last), tty);
     };
     let code = run::exit_status(status);
     let _ = std::fs::remove_dir_all(&dir);
@@ -284,6 +374,11 @@ mod tests {
             "after the program, its own"
         );
         assert!(parse(&args(&["--help"])).unwrap().is_none());
+        let t = parse(&args(&["--pid", "42", "--duration", "2", "--samples", "5"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((t.pid, t.duration), (Some(42), Some(Duration::from_secs(2))));
+        assert!(t.run.command.is_empty());
     }
 
     #[test]
@@ -293,6 +388,9 @@ mod tests {
             (&["--rows", "0", "./app"], "at least one row"),
             (&["--tool", "count", "./app"], "profiler's view only"),
             (&[], "no program"),
+            (&["--pid", "42", "--", "./app"], "not both"),
+            (&["--duration", "2", "./app"], "only with --pid"),
+            (&["--pid", "x"], "not a process id"),
         ] {
             let e = parse(&args(a)).unwrap_err().to_string();
             assert!(e.contains(why), "{a:?}: {e}");

@@ -175,6 +175,41 @@ fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `fastinst top --pid`: the live view of a running process, through
+/// attach, then the detach at --duration.
+#[test]
+fn top_attaches_shows_the_live_view_and_detaches() {
+    let dir = scratch("attach-top");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
+    let child = spawn(&bin, &["8000000", "4"]);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let o = fastinst(
+        &[
+            "top",
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "0.8",
+            "--interval",
+            "0.2",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.matches("p50 us").count() >= 2, "refreshed tables:\n{out}");
+    assert!(out.contains("rust_service::handle"), "{out}");
+    assert!(err.contains("attached to") && err.contains("detached from"), "{err}");
+    let (got, rc) = finish(child);
+    assert_eq!(rc, Some(0));
+    assert!(got.starts_with("served 8000000 requests"), "{got}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn refusals_name_their_reason_and_leave_the_target_untouched() {
     // No such process.

@@ -205,12 +205,22 @@ fn negative_controls_are_caught() {
         );
     }
     assert!(run.success);
-    let (run, no_wait) = control("word-tmax:0");
-    let torn: Vec<&str> = no_wait.iter().filter(|r| r.2 >= 1).map(|r| r.0.as_str()).collect();
-    println!("no-wait control tore at: {torn:?}");
+    // Rare enough that a quiet machine once ran its whole budget, at every
+    // split, without one: a second budget before it counts as missed.
+    let mut runs = Vec::new();
+    let mut torn: Vec<String> = Vec::new();
+    for _ in 0..2 {
+        let (run, no_wait) = control("word-tmax:0");
+        torn = no_wait.iter().filter(|r| r.2 >= 1).map(|r| r.0.clone()).collect();
+        runs.push(run.stdout);
+        if !torn.is_empty() {
+            break;
+        }
+    }
+    println!("no-wait control tore at: {torn:?} ({} budgets)", runs.len());
     assert!(
         !torn.is_empty(),
-        "the harness saw no failure of INT3 with no wait at any split:\n{}",
-        run.stdout
+        "the harness saw no failure of INT3 with no wait at any split in two budgets:\n{}",
+        runs.join("\n")
     );
 }

@@ -26,9 +26,11 @@ impl Prev {
 }
 
 /// Hands signal `sig` to `prev`: calls its handler, ignores it, or for the
-/// default action restores it and lets it take effect: a fault (`refault`)
-/// by returning, so that the faulting instruction runs again and faults
-/// with its own siginfo; any other signal by raising it again.
+/// default action restores it and raises the signal again, which takes
+/// effect when the handler returns. A fault (`fault`) is never ignored (its
+/// instruction would only fault again) and never left to run again: a
+/// fault at code being patched might not recur once the patch is done,
+/// and a crash must not go unseen.
 ///
 /// # Safety
 /// Called from a signal handler with the kernel's arguments; `prev` is not
@@ -38,24 +40,21 @@ pub(crate) unsafe fn chain(
     sig: libc::c_int,
     info: *mut libc::siginfo_t,
     ctx: *mut libc::c_void,
-    refault: bool,
+    fault: bool,
 ) {
     // SAFETY: not written while our handler is installed (the contract).
     let prev = unsafe { &*prev.get() };
     match prev.sa_sigaction {
-        libc::SIG_IGN if !refault => {}
+        libc::SIG_IGN if !fault => {}
         libc::SIG_DFL | libc::SIG_IGN => {
-            // SAFETY: restoring the default disposition (and re-raising)
-            // are async-signal-safe; a raised signal is blocked until we
-            // return, then takes the default action, as does a fault whose
-            // instruction runs again (the kernel ignores SIG_IGN for those).
+            // SAFETY: restoring the default disposition and re-raising are
+            // async-signal-safe; the raised signal is blocked until we
+            // return, then takes the default action.
             unsafe {
                 let mut sa: libc::sigaction = std::mem::zeroed();
                 sa.sa_sigaction = libc::SIG_DFL;
                 libc::sigaction(sig, &sa, std::ptr::null_mut());
-                if !refault {
-                    libc::raise(sig);
-                }
+                libc::raise(sig);
             }
         }
         h if prev.sa_flags & libc::SA_SIGINFO != 0 => {

@@ -8,8 +8,8 @@
 //! write fault (`SEGV_ACCERR`) on a page this crate tracks makes the page
 //! writable again and returns, and the store runs again, now allowed. Any
 //! other SIGSEGV goes to the disposition found before (the program's
-//! handler, Rust's stack-overflow handler, or the default action, which
-//! then takes effect on the same fault).
+//! handler, Rust's stack-overflow handler, or the default action, raised
+//! again: never a retry, which could hide a fault at code being patched).
 //!
 //! Async-signal-safe: a lock-free lookup and `mprotect`. What it changes:
 //! a page another patcher protected again is writable again, as it was
