@@ -367,6 +367,15 @@ fn load_and_start(
     Ok(())
 }
 
+/// The control socket an attached runtime in process `pid` serves (named
+/// by the process's owner and id, as [`attach`] makes it), if it is there.
+pub fn control_socket(pid: i32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    let p = PathBuf::from(format!("/tmp/fastinst-{uid}/{pid}.sock"));
+    p.exists().then_some(p)
+}
+
 /// Sends one command line to the runtime's control socket at `path` and
 /// returns its one-line answer.
 pub fn control(path: &Path, command: &str) -> Result<String> {

@@ -57,6 +57,11 @@ pub fn parse(argv: &[String]) -> Result<Option<AttachArgs>> {
                 }
                 duration = Some(Duration::from_secs_f64(s));
             }
+            Item::Opt(n @ "--control", _) => {
+                return Err(a.usage(format!(
+                    "{n}: an attached runtime serves its own socket (`fastinst ctl PID ...` talks to it)"
+                )))
+            }
             Item::Opt(n @ ("--signal" | "--client" | "--print"), _) => {
                 return Err(a.usage(format!(
                     "{n} is not for a running process (a signal handler or a client would stay after the detach)"

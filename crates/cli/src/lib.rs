@@ -19,6 +19,7 @@
 
 pub mod args;
 pub mod attach;
+pub mod ctl;
 pub mod error;
 pub mod library;
 pub mod report;
@@ -45,6 +46,9 @@ commands:
   top [options] [--] PROGRAM [ARGS...]
                     run PROGRAM under the profiler with a live view of
                     its functions, refreshed in the terminal
+  ctl (PID | --socket PATH) COMMAND
+                    ask a runtime for its status, a report now, or a
+                    snapshot of its profile
   report FILE.json  render a saved profile again (text, folded, flame graph)
   sites FILE        list the probe sites of an ELF file
   calibrate         measure T_max on this machine, write the machine config
@@ -60,6 +64,7 @@ fn usage_of(cmd: &str) -> Option<&'static str> {
         "report" => report::USAGE,
         "sites" => sites::USAGE,
         "top" => top::USAGE,
+        "ctl" => ctl::USAGE,
         "calibrate" => calibrate::cli::USAGE,
         _ => return None,
     })
@@ -118,6 +123,10 @@ pub fn main(args: &[String]) -> ExitCode {
         "top" => top::parse(rest).and_then(|a| match a {
             Some(a) => top::run(&a).map(ExitCode::from),
             None => help(top::USAGE),
+        }),
+        "ctl" => ctl::parse(rest).and_then(|a| match a {
+            Some(a) => ctl::run(&a).map(ExitCode::from),
+            None => help(ctl::USAGE),
         }),
         "calibrate" => return calibrate::cli::main(rest),
         "help" | "-h" | "--help" => match rest.first() {

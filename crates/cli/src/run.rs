@@ -50,6 +50,9 @@ options:
                     their callers')
   --signal SIG      profiler: USR1, USR2 or a number; write the reports
                     whenever PROGRAM receives it
+  --control PATH    serve a control socket at PATH (mode 0600), which
+                    `fastinst ctl --socket PATH status|report|snapshot`
+                    talks to
   --strategy S      flip (default), paper, word-sync, word-async
   --client PATH     a client library to load (FASTINST_CLIENT)
   --log LEVEL       error, warn (default), info, debug
@@ -153,6 +156,7 @@ pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a 
             r.env.push(("FASTINST_TOOL", r.tool.clone()));
         }
         (n @ "--out", i) => r.out = Some(a.value(n, i)?.into()),
+        (n @ "--control", i) => r.env.push(("FASTINST_CONTROL", a.value(n, i)?.into())),
         (n @ "--samples", i) => {
             let k: u32 = a.parsed(n, i, "a whole number")?;
             if k < 2 {

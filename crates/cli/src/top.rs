@@ -85,6 +85,9 @@ pub fn parse(argv: &[String]) -> Result<Option<TopArgs>> {
                     return Err(a.usage(format!("{n}: at least one row")));
                 }
             }
+            Item::Opt(n @ "--control", _) => {
+                return Err(a.usage(format!("{n}: top serves its own control socket")));
+            }
             Item::Opt(n @ "--pid", i) => pid = Some(a.value(n, i)?.to_string()),
             Item::Opt(n @ "--duration", i) => duration = Some(a.value(n, i)?.to_string()),
             Item::Opt(name, i) => {

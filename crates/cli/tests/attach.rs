@@ -132,19 +132,34 @@ fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
     let out = dir.join("out");
-    let o = fastinst(
-        &[
-            "attach",
-            "--duration",
-            "0.5",
-            "--out",
-            out.to_str().unwrap(),
-            &pid.to_string(),
-        ],
-        &dir,
+    let attach = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .args(["attach", "--duration", "1.2", "--out"])
+        .arg(&out)
+        .arg(pid.to_string())
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While attached, `fastinst ctl PID` reaches its runtime.
+    std::thread::sleep(Duration::from_millis(600));
+    let o = fastinst(&["ctl", &pid.to_string(), "status"], &dir);
+    assert_eq!(text(&o.stdout).trim(), "ok attached Profile", "{}", text(&o.stderr));
+    let o = fastinst(&["ctl", &pid.to_string(), "snapshot"], &dir);
+    assert!(
+        text(&o.stdout).starts_with("ok {") && text(&o.stdout).contains("rust_service::handle"),
+        "{}",
+        text(&o.stderr)
     );
+    let o = attach.wait_with_output().unwrap();
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
+    let o = fastinst(&["ctl", &pid.to_string(), "status"], &dir);
+    assert!(
+        !o.status.success() && text(&o.stderr).contains("not attached"),
+        "after the detach: {}",
+        text(&o.stderr)
+    );
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
     let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
     assert!(sites.len() >= 5, "{} sites", sites.len());

@@ -92,3 +92,59 @@ fn the_live_view_refreshes_in_a_terminal_and_ends_with_the_programs_status() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `fastinst ctl` against a program run with `--control`: its status, a
+/// snapshot of its profile as JSON, and its reports on demand.
+#[test]
+fn ctl_asks_a_running_program_for_status_snapshot_and_reports() {
+    let dir = scratch("ctl");
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
+    let sock = dir.join("control");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .args(["run", "--control"])
+        .arg(&sock)
+        .arg("--out")
+        .arg(&dir)
+        .arg("--")
+        .arg(&bin)
+        .args(["8000000", "4"])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = std::time::Instant::now();
+    while !sock.exists() && began.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let s = sock.to_str().unwrap();
+    let o = fastinst(&["ctl", "--socket", s, "status"], &dir);
+    assert_eq!(text(&o.stdout).trim(), "ok running Profile", "{}", text(&o.stderr));
+    let o = fastinst(&["ctl", "--socket", s, "snapshot"], &dir);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let json = text(&o.stdout);
+    let r: serde_json::Value = serde_json::from_str(json.trim().strip_prefix("ok ").unwrap()).unwrap();
+    assert!(
+        r["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["name"] == "rust_service::handle"),
+        "{json}"
+    );
+    let o = fastinst(&["ctl", "--socket", s, "report"], &dir);
+    let answer = text(&o.stdout);
+    assert!(o.status.success() && answer.contains("fastinst-profile."), "{answer}");
+    // Refused: detach, here and anywhere but through `fastinst attach`.
+    let o = fastinst(&["ctl", "--socket", s, "detach"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let status = run.wait().unwrap();
+    assert!(status.success());
+    let mut out = String::new();
+    run.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("served 8000000 requests"), "{out}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

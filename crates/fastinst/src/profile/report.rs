@@ -16,10 +16,11 @@ use std::sync::Arc;
 /// not; a flame graph that could not be drawn is logged as an error.
 pub(crate) fn announce(what: &str, dir: &std::path::Path, written: std::io::Result<Written>) {
     if let Ok(w) = &written {
+        // For the control socket's answer (`report`, `detach`).
+        crate::attached::record_written(&w.files);
         // An attached runtime keeps out of the program's stderr: the
         // `fastinst attach` command that asked says where the files are.
         if crate::attached::get() {
-            crate::attached::record_written(&w.files);
             return;
         }
     }
