@@ -123,8 +123,10 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
     };
     let mut settings: Vec<(String, String)> = run.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     settings.push(("FASTINST_OUT".into(), out.display().to_string()));
-    let session = fastinst_attach::attach(pid, &fastinst_attach::Options { library: lib, settings })
-        .map_err(|e| CliError::Attach(e.to_string()))?;
+    let session = crate::progress::step(&format!("attaching to {pid}"), || {
+        fastinst_attach::attach(pid, &fastinst_attach::Options { library: lib, settings })
+    })
+    .map_err(|e| CliError::Attach(e.to_string()))?;
     let t = &session.timings;
     eprintln!(
         "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction)",
@@ -140,7 +142,10 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
 
 /// Detaches `session` from `pid`; says what it did on stderr.
 pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
-    let d = session.detach().map_err(|e| CliError::Attach(e.to_string()))?;
+    let d = crate::progress::step(&format!("detaching from {pid} (the reports are written first)"), || {
+        session.detach()
+    })
+    .map_err(|e| CliError::Attach(e.to_string()))?;
     eprintln!(
         "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files)",
         pid,

@@ -22,6 +22,7 @@ pub mod attach;
 pub mod ctl;
 pub mod error;
 pub mod library;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod sites;

@@ -163,9 +163,9 @@ pub fn run(a: &ReportArgs) -> Result<()> {
     if let Some(before) = &a.before {
         return run_diff(before, a);
     }
-    let r = load(&a.file)?;
+    let r = crate::progress::step(&format!("reading {}", a.file.display()), || load(&a.file))?;
     if let Some(svg) = &a.svg {
-        let text = render(&r, Format::Svg, &a.file)?;
+        let text = crate::progress::step("drawing the flame graph", || render(&r, Format::Svg, &a.file))?;
         if text.is_empty() {
             eprintln!("fastinst: {}: no sampled stacks, so no flame graph", a.file.display());
         } else {
@@ -173,7 +173,7 @@ pub fn run(a: &ReportArgs) -> Result<()> {
             eprintln!("fastinst: flame graph: {}", svg.display());
         }
     }
-    let bytes = render(&r, a.format, &a.file)?;
+    let bytes = crate::progress::step("rendering", || render(&r, a.format, &a.file))?;
     match &a.output {
         Some(p) => std::fs::write(p, bytes).map_err(CliError::io(p)),
         None => crate::print_out(&String::from_utf8(bytes).expect("the text formats are UTF-8")),

@@ -265,7 +265,7 @@ pub fn render_json(a: &SitesArgs, s: &FileSites) -> String {
 
 /// Runs `fastinst sites`.
 pub fn run(a: &SitesArgs) -> Result<()> {
-    let s = load(&a.file)?;
+    let s = crate::progress::step(&format!("reading the sites of {}", a.file.display()), || load(&a.file))?;
     crate::print_out(&if a.json { render_json(a, &s) } else { render_text(a, &s) })
 }
 
