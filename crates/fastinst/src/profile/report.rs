@@ -238,6 +238,9 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             tids.sort_unstable();
             tids.dedup();
             let mut total = ms(inclusive_of(fi));
+            // No more than the run on each thread it was seen on (the
+            // report's threads column), nor than on every thread.
+            let cap = (wall_ns / 1e6 * tids.len().max(1) as f64).min(cap);
             let capped = total > cap;
             if capped {
                 total = cap;
