@@ -5,19 +5,11 @@
 //! in the same run, and activation/deactivation per strategy, straddlers
 //! separately. Ticks are TSC ticks, median and p90 over batches of 1000.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap().to_path_buf();
-    assert!(
-        deps.join("libfastinst.so").exists(),
-        "libfastinst.so not built in {}",
-        deps.display()
-    );
-    deps
-}
+use common::lib_dir;
+use std::path::Path;
+use std::process::Command;
 
 fn main() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -7,19 +7,11 @@
 //! `cargo bench -p fastinst-cli --bench xray`; results in
 //! `crates/benches/results/xray.md`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap().to_path_buf();
-    assert!(
-        deps.join("libfastinst.so").exists(),
-        "libfastinst.so not built in {}",
-        deps.display()
-    );
-    deps
-}
+use common::lib_dir;
+use std::path::Path;
+use std::process::Command;
 
 fn main() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -117,18 +117,22 @@ fn clang_sled_build_is_attached_profiled_and_left_as_it_was() {
     attach_profile_detach("clang");
 }
 
+/// The `rust_service` example, serving 8,000,000 requests on 4 threads
+/// (about 3 s).
+fn rust_service() -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
+    assert!(bin.exists(), "{} not built (cargo test builds examples)", bin.display());
+    spawn(&bin, &["8000000", "4"])
+}
+
 /// A Rust program instrumented with `#[fastinst::instrument]` (the
 /// `rust_service` example): its sleds are in the same table as a C sled
 /// build's, so attach finds, profiles and restores them alike.
 #[test]
 fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
     let dir = scratch("attach-rust");
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
-    assert!(bin.exists(), "{} not built (cargo test builds examples)", bin.display());
-    // About 3 s on 4 threads.
-    let args = ["8000000", "4"];
-    let child = spawn(&bin, &args);
+    let child = rust_service();
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
     let out = dir.join("out");
@@ -195,9 +199,7 @@ fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
 #[test]
 fn top_attaches_shows_the_live_view_and_detaches() {
     let dir = scratch("attach-top");
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("examples/rust_service");
-    let child = spawn(&bin, &["8000000", "4"]);
+    let child = rust_service();
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
     let o = fastinst(

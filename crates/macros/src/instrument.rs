@@ -107,6 +107,10 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     let path = |id: &Ident| if associated { quote!(Self::#id) } else { quote!(#id) };
     let (sled_path, body_path) = (path(&sled), path(&body));
     let call = quote!(#sled_path::<#turbofish>(#(#args),*));
+    // The generated call of an `unsafe` function's sled: the caller of the
+    // user's function took on its contract, which the body needs and the
+    // sled only forwards.
+    // SAFETY: emitted tokens, not an unsafe operation here.
     let call = if unsafety { quote!(unsafe { #call }) } else { call };
     let allow = quote!(#[allow(improper_ctypes_definitions, clippy::too_many_arguments, non_snake_case)]);
     let sled_fn = quote! {

@@ -11,7 +11,6 @@
 
 mod common;
 use common::*;
-use std::path::Path;
 
 /// Every `-pg` form: the compiler and its flags.
 const BUILDS: [(&str, &[&str]); 7] = [
@@ -38,51 +37,6 @@ fn tag(cc: &str, flags: &[&str]) -> String {
     format!("{cc}{}", flags.concat())
 }
 
-fn clobber_client(dir: &Path) -> std::path::PathBuf {
-    let so = dir.join("clobber.so");
-    let inc = format!("-I{}", include_dir().display());
-    build("gcc", &[&src("clobber.c")], &["-O2", "-shared", "-fPIC", &inc], &so);
-    so
-}
-
-/// "clobber: P probes, E entries, X exits" from stderr.
-fn clobber_counts(o: &std::process::Output) -> (u64, u64, u64) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    let l = e
-        .lines()
-        .find_map(|l| l.strip_prefix("clobber: "))
-        .unwrap_or_else(|| panic!("no clobber line in {e}"));
-    let n: Vec<u64> = l
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (n[0], n[1], n[2])
-}
-
-/// Builds `srcs` plain and with `pg` flags, runs both (the `-pg` build
-/// under the clobbering client), and checks the output and that probes
-/// fired on entry and exit.
-fn same_under_clobber(cc: &str, srcs: &[&Path], flags: &[&str], pg: &[&str], dir: &Path, client: &Path, what: &str) {
-    let plain = dir.join(format!("{what}-plain"));
-    let inst = dir.join(format!("{what}-pg"));
-    build(cc, srcs, flags, &plain);
-    let f: Vec<&str> = flags.iter().chain(pg).copied().collect();
-    build(cc, srcs, &f, &inst);
-    let want = ok_stdout(&run(&plain, &[], dir, false, &[]), &format!("{what} plain"));
-    let o = run(
-        &inst,
-        &[],
-        dir,
-        true,
-        &[("FASTINST_TOOL", "none"), ("FASTINST_CLIENT", client.to_str().unwrap())],
-    );
-    let got = ok_stdout(&o, &format!("{what} under the clobbering client"));
-    assert_eq!(got, want, "{what}: output changed with every probe on");
-    let (probes, entries, exits) = clobber_counts(&o);
-    println!("{what}: {probes} probes, {entries} entries, {exits} exits");
-    assert!(probes >= 4 && entries > 0 && exits > 0, "{what}: probes did not fire");
-}
-
 #[test]
 fn basic_program_every_form_strategy_and_tool_with_exact_counts() {
     let dir = scratch("pg-basic");
@@ -95,57 +49,12 @@ fn basic_program_every_form_strategy_and_tool_with_exact_counts() {
             let inst = dir.join(what.replace(' ', ""));
             let f: Vec<&str> = std::iter::once(opt).chain(flags.iter().copied()).collect();
             build(cc, &[&src("basic.c")], &f, &inst);
-            for tool in ["none", "off", "profile"] {
-                let o = run(
-                    &inst,
-                    &[],
-                    &dir,
-                    true,
-                    &[("FASTINST_TOOL", tool), ("FASTINST_LOG", "info")],
-                );
-                assert_eq!(ok_stdout(&o, &what), want, "{what} tool {tool}");
-                let err = String::from_utf8_lossy(&o.stderr);
-                assert!(!err.contains("warning"), "{what} tool {tool}: {err}");
-                // Registered at load as sleds, never discovered.
-                let init = err.lines().find(|l| l.contains("init total ")).unwrap_or("");
-                assert!(
-                    init.contains(" sleds ") && !init.contains(" sleds 0,") && init.ends_with("discovery 0)"),
-                    "{what} tool {tool}: {init}"
-                );
-            }
-            for strategy in STRATEGIES {
-                let out = dir.join(format!("count-{}-{strategy}", what.replace(' ', "")));
-                std::fs::create_dir_all(&out).unwrap();
-                let o = run(
-                    &inst,
-                    &[],
-                    &dir,
-                    true,
-                    &[
-                        ("FASTINST_TOOL", "count"),
-                        ("FASTINST_STRATEGY", strategy),
-                        ("FASTINST_OUT", out.to_str().unwrap()),
-                    ],
-                );
-                assert_eq!(ok_stdout(&o, &what), want, "{what} count {strategy}");
-                let files = count_files(&out);
-                assert_eq!(files.len(), 1, "{what}: one count file");
-                for (f, n) in [
-                    ("bump", 200),
-                    ("bump_by", 200),
-                    ("fill", 200),
-                    ("apply", 400),
-                    ("main", 1),
-                ] {
-                    assert_eq!(calls_of(&files[0], f), Some(n), "{what} {strategy}: calls of {f}");
-                }
-            }
+            sled_build_under_every_tool(&inst, &dir, &what, &want, true);
+            basic_counts_in_every_strategy(&inst, &dir, &what, &want);
         }
     }
 }
 
-/// The sites are listed by `fastinst sites`' reader as the runtime finds
-/// them: one per function, none left alone.
 #[test]
 fn every_function_of_every_form_has_one_site() {
     let dir = scratch("pg-sites");
@@ -260,62 +169,7 @@ fn threads_fork_and_a_linked_and_a_dlopened_library() {
         }
     }
     // A library linked and a copy dlopened, both -pg, the program too.
-    let d = dir.to_str().unwrap().to_string();
-    let rp = format!("-Wl,-rpath,{d}");
-    let l = format!("-L{d}");
-    for so in ["libdemo.so", "copy.so"] {
-        build(
-            "gcc",
-            &[&src("lib.c")],
-            &["-O2", "-shared", "-fPIC", "-pg", "-mfentry"],
-            &dir.join(so),
-        );
-    }
-    build(
-        "gcc",
-        &[&src("lib.c")],
-        &["-O2", "-shared", "-fPIC"],
-        &dir.join("plaincopy.so"),
-    );
-    let inst = dir.join("uselib");
-    build(
-        "gcc",
-        &[&src("uselib.c")],
-        &["-O2", "-pg", &l, "-ldemo", &rp, "-ldl"],
-        &inst,
-    );
-    let want = ok_stdout(
-        &run(&inst, &[dir.join("plaincopy.so").to_str().unwrap()], &dir, false, &[]),
-        "no preload",
-    );
-    let copy = dir.join("copy.so");
-    let o = run(
-        &inst,
-        &[copy.to_str().unwrap()],
-        &dir,
-        true,
-        &[("FASTINST_TOOL", "count")],
-    );
-    assert_eq!(ok_stdout(&o, "count"), want);
-    let files = count_files(&dir);
-    assert_eq!(files.len(), 1);
-    let text = std::fs::read_to_string(&files[0]).unwrap();
-    let counts = |name: &str| -> Vec<u64> {
-        text.lines()
-            .filter(|l| l.split('\t').nth(1) == Some(name))
-            .map(|l| l.split('\t').next().unwrap().parse().unwrap())
-            .collect()
-    };
-    // As for sleds (`sleds.rs`, `shared_library_linked_and_dlopened`):
-    // lib_entry twice in the linked library, once per round of the copy
-    // that the watcher thread registered in time; lib_leaf's calls bind
-    // to the linked library's.
-    let entry = counts("lib_entry");
-    assert!(entry.contains(&2), "linked library: {text}");
-    let copied: u64 = entry.iter().sum::<u64>() - 2;
-    assert!((1..=3).contains(&copied), "dlopened copy registered: {text}");
-    assert_eq!(counts("lib_leaf").iter().sum::<u64>(), 263, "{text}");
-    assert_eq!(calls_of(&files[0], "local"), Some(2));
+    linked_and_dlopened(&dir, &["-pg", "-mfentry"], &["-pg"]);
 }
 
 #[test]

@@ -9,54 +9,8 @@
 
 mod common;
 use common::*;
-use std::path::Path;
 
 const SLED: &str = "-fpatchable-function-entry=5";
-
-fn clobber_client(dir: &Path) -> std::path::PathBuf {
-    let so = dir.join("clobber.so");
-    let inc = format!("-I{}", include_dir().display());
-    build("gcc", &[&src("clobber.c")], &["-O2", "-shared", "-fPIC", &inc], &so);
-    so
-}
-
-/// "clobber: P probes, E entries, X exits" from stderr.
-fn clobber_counts(o: &std::process::Output) -> (u64, u64, u64) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    let l = e
-        .lines()
-        .find_map(|l| l.strip_prefix("clobber: "))
-        .unwrap_or_else(|| panic!("no clobber line in {e}"));
-    let n: Vec<u64> = l
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (n[0], n[1], n[2])
-}
-
-/// Builds `srcs` plain and with sleds, runs both (the sled build under the
-/// clobbering client), and checks output and that probes fired.
-fn same_under_clobber(cc: &str, srcs: &[&Path], flags: &[&str], dir: &Path, client: &Path, what: &str) {
-    let plain = dir.join(format!("{what}-plain"));
-    let inst = dir.join(format!("{what}-sled"));
-    build(cc, srcs, flags, &plain);
-    let mut f: Vec<&str> = flags.to_vec();
-    f.push(SLED);
-    build(cc, srcs, &f, &inst);
-    let want = ok_stdout(&run(&plain, &[], dir, false, &[]), &format!("{what} plain"));
-    let o = run(
-        &inst,
-        &[],
-        dir,
-        true,
-        &[("FASTINST_TOOL", "none"), ("FASTINST_CLIENT", client.to_str().unwrap())],
-    );
-    let got = ok_stdout(&o, &format!("{what} under the clobbering client"));
-    assert_eq!(got, want, "{what}: output changed with every probe on");
-    let (probes, entries, exits) = clobber_counts(&o);
-    println!("{what}: {probes} probes, {entries} entries, {exits} exits");
-    assert!(probes >= 4 && entries > 0 && exits > 0, "{what}: probes did not fire");
-}
 
 #[test]
 fn basic_program_every_compiler_level_layout_strategy_and_tool() {
@@ -71,44 +25,8 @@ fn basic_program_every_compiler_level_layout_strategy_and_tool() {
                 let inst = dir.join(format!("{cc}{opt}{pie}"));
                 let pie_link = if pie == "-fPIE" { "-pie" } else { "-no-pie" };
                 build(cc, &[&src("basic.c")], &[opt, pie, pie_link, SLED], &inst);
-                for tool in ["none", "off", "profile"] {
-                    let o = run(
-                        &inst,
-                        &[],
-                        &dir,
-                        true,
-                        &[("FASTINST_TOOL", tool), ("FASTINST_LOG", "info")],
-                    );
-                    assert_eq!(ok_stdout(&o, &what), want, "{what} tool {tool}");
-                    // Sled probes are registered at load, never discovered.
-                    let err = String::from_utf8_lossy(&o.stderr);
-                    let init = err.lines().find(|l| l.contains("init total ")).unwrap_or("");
-                    assert!(
-                        init.contains(" sleds ") && !init.contains(" sleds 0,") && init.ends_with("discovery 0)"),
-                        "{what} tool {tool}: {init}"
-                    );
-                }
-                for strategy in STRATEGIES {
-                    let out = dir.join(format!("count-{cc}{opt}{pie}-{strategy}"));
-                    std::fs::create_dir_all(&out).unwrap();
-                    let o = run(
-                        &inst,
-                        &[],
-                        &dir,
-                        true,
-                        &[
-                            ("FASTINST_TOOL", "count"),
-                            ("FASTINST_STRATEGY", strategy),
-                            ("FASTINST_OUT", out.to_str().unwrap()),
-                        ],
-                    );
-                    assert_eq!(ok_stdout(&o, &what), want, "{what} count {strategy}");
-                    let files = count_files(&out);
-                    assert_eq!(files.len(), 1, "{what}: one count file");
-                    for (f, n) in [("bump", 200), ("bump_by", 200), ("fill", 200), ("apply", 400)] {
-                        assert_eq!(calls_of(&files[0], f), Some(n), "{what} {strategy}: calls of {f}");
-                    }
-                }
+                sled_build_under_every_tool(&inst, &dir, &what, &want, false);
+                basic_counts_in_every_strategy(&inst, &dir, &what, &want);
             }
         }
     }
@@ -124,6 +42,7 @@ fn registers_survive_a_handler_that_clobbers_them() {
                 cc,
                 &[&src("abi.c")],
                 &[opt, "-lm"],
+                &[SLED],
                 &dir,
                 &client,
                 &format!("abi-{cc}{opt}"),
@@ -149,6 +68,7 @@ fn vector_registers_at_full_width_survive_a_clobbering_handler() {
                 cc,
                 &[&src("avx.c")],
                 &[opt, "-mavx2"],
+                &[SLED],
                 &dir,
                 &client,
                 &format!("avx-{cc}{opt}"),
@@ -164,80 +84,25 @@ fn cxx_exceptions_longjmp_and_signals_with_exits_on() {
     for cxx in ["g++", "clang++"] {
         for opt in ["-O0", "-O2"] {
             let what = format!("exceptions-{cxx}{opt}");
-            same_under_clobber(cxx, &[&src("exceptions.cpp")], &[opt], &dir, &client, &what);
+            same_under_clobber(cxx, &[&src("exceptions.cpp")], &[opt], &[SLED], &dir, &client, &what);
         }
     }
     for cc in ["gcc", "clang"] {
-        same_under_clobber(cc, &[&src("jumps.c")], &["-O2"], &dir, &client, &format!("jumps-{cc}"));
+        same_under_clobber(
+            cc,
+            &[&src("jumps.c")],
+            &["-O2"],
+            &[SLED],
+            &dir,
+            &client,
+            &format!("jumps-{cc}"),
+        );
     }
 }
 
 #[test]
 fn shared_library_linked_and_dlopened() {
-    let dir = scratch("sled-lib");
-    let d = dir.to_str().unwrap().to_string();
-    let rp = format!("-Wl,-rpath,{d}");
-    let l = format!("-L{d}");
-    build(
-        "gcc",
-        &[&src("lib.c")],
-        &["-O2", "-shared", "-fPIC", SLED],
-        &dir.join("libdemo.so"),
-    );
-    build(
-        "gcc",
-        &[&src("lib.c")],
-        &["-O2", "-shared", "-fPIC", SLED],
-        &dir.join("copy.so"),
-    );
-    build(
-        "gcc",
-        &[&src("lib.c")],
-        &["-O2", "-shared", "-fPIC"],
-        &dir.join("plaincopy.so"),
-    );
-    let inst = dir.join("uselib");
-    build(
-        "gcc",
-        &[&src("uselib.c")],
-        &["-O2", SLED, &l, "-ldemo", &rp, "-ldl"],
-        &inst,
-    );
-    let want = ok_stdout(
-        &run(&inst, &[dir.join("plaincopy.so").to_str().unwrap()], &dir, false, &[]),
-        "no preload",
-    );
-    let copy = dir.join("copy.so");
-    let o = run(
-        &inst,
-        &[copy.to_str().unwrap()],
-        &dir,
-        true,
-        &[("FASTINST_TOOL", "count")],
-    );
-    assert_eq!(ok_stdout(&o, "count"), want);
-    let files = count_files(&dir);
-    assert_eq!(files.len(), 1);
-    let text = std::fs::read_to_string(&files[0]).unwrap();
-    let counts = |name: &str| -> Vec<u64> {
-        text.lines()
-            .filter(|l| l.split('\t').nth(1) == Some(name))
-            .map(|l| l.split('\t').next().unwrap().parse().unwrap())
-            .collect()
-    };
-    // lib_entry: twice in the linked library, once per round in the copy,
-    // whose sleds the watcher thread registers (the program waits 50 ms) (three modules
-    // at one address, counted together). The copy's calls of lib_leaf bind
-    // to the linked library's (global scope first): 100 + 10 + 50 + 51 + 52.
-    // The copy's registration is asynchronous (the watcher polls every
-    // 10 ms; the program waits 50 ms per round, which a loaded machine may
-    // stretch), so at least one of its three rounds is counted.
-    let entry = counts("lib_entry");
-    assert!(entry.contains(&2), "linked library: {text}");
-    let copy: u64 = entry.iter().sum::<u64>() - 2;
-    assert!((1..=3).contains(&copy), "dlopened copy registered: {text}");
-    assert_eq!(counts("lib_leaf").iter().sum::<u64>(), 263, "{text}");
-    assert_eq!(calls_of(&files[0], "local"), Some(2));
+    linked_and_dlopened(&scratch("sled-lib"), &[SLED], &[SLED]);
 }
 
 /// `dlopen` is interposed so that the sled watcher thread starts only then;

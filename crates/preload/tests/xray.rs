@@ -13,13 +13,6 @@ use std::path::Path;
 
 const XRAY: [&str; 2] = ["-fxray-instrument", "-fxray-instruction-threshold=1"];
 
-fn clobber_client(dir: &Path) -> std::path::PathBuf {
-    let so = dir.join("clobber.so");
-    let inc = format!("-I{}", include_dir().display());
-    build("gcc", &[&src("clobber.c")], &["-O2", "-shared", "-fPIC", &inc], &so);
-    so
-}
-
 /// Builds `src` with XRay sleds into `out`: compiled with them, and linked
 /// with XRay's runtime (`runtime`) or without (the sleds and their table
 /// only).
@@ -52,67 +45,11 @@ fn basic_program_every_build_strategy_and_tool_with_exact_counts() {
                 let bytes = std::fs::read(&inst).unwrap();
                 let syms = String::from_utf8_lossy(&bytes).contains("__xray_patch_function");
                 assert_eq!(syms, runtime, "{what}: XRay's runtime linked");
-                for tool in ["none", "off", "profile"] {
-                    let o = run(
-                        &inst,
-                        &[],
-                        &dir,
-                        true,
-                        &[("FASTINST_TOOL", tool), ("FASTINST_LOG", "info")],
-                    );
-                    assert_eq!(ok_stdout(&o, &what), want, "{what} tool {tool}");
-                    let err = String::from_utf8_lossy(&o.stderr);
-                    assert!(!err.contains("warning"), "{what} tool {tool}: {err}");
-                    let init = err.lines().find(|l| l.contains("init total ")).unwrap_or("");
-                    assert!(
-                        init.contains(" sleds ") && !init.contains(" sleds 0,") && init.ends_with("discovery 0)"),
-                        "{what} tool {tool}: {init}"
-                    );
-                }
-                for strategy in STRATEGIES {
-                    let out = dir.join(format!("count-{}-{strategy}", what.replace(' ', "")));
-                    std::fs::create_dir_all(&out).unwrap();
-                    let o = run(
-                        &inst,
-                        &[],
-                        &dir,
-                        true,
-                        &[
-                            ("FASTINST_TOOL", "count"),
-                            ("FASTINST_STRATEGY", strategy),
-                            ("FASTINST_OUT", out.to_str().unwrap()),
-                        ],
-                    );
-                    assert_eq!(ok_stdout(&o, &what), want, "{what} count {strategy}");
-                    let files = count_files(&out);
-                    assert_eq!(files.len(), 1, "{what}: one count file");
-                    for (f, n) in [
-                        ("bump", 200),
-                        ("bump_by", 200),
-                        ("fill", 200),
-                        ("apply", 400),
-                        ("main", 1),
-                    ] {
-                        assert_eq!(calls_of(&files[0], f), Some(n), "{what} {strategy}: calls of {f}");
-                    }
-                }
+                sled_build_under_every_tool(&inst, &dir, &what, &want, true);
+                basic_counts_in_every_strategy(&inst, &dir, &what, &want);
             }
         }
     }
-}
-
-/// `(probes, entries, exits)` from the clobbering client's line.
-fn clobber_counts(o: &std::process::Output) -> (u64, u64, u64) {
-    let e = String::from_utf8_lossy(&o.stderr);
-    let l = e
-        .lines()
-        .find_map(|l| l.strip_prefix("clobber: "))
-        .unwrap_or_else(|| panic!("no clobber line in {e}"));
-    let n: Vec<u64> = l
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (n[0], n[1], n[2])
 }
 
 #[test]
@@ -127,23 +64,7 @@ fn registers_exceptions_and_longjmp_under_a_clobbering_handler() {
         ("clang", "jumps.c", &["-O2"]),
     ] {
         let what = format!("{source}{}", flags[0]);
-        let plain = dir.join(format!("{what}-plain"));
-        let inst = dir.join(format!("{what}-xray"));
-        build(cc, &[&src(source)], flags, &plain);
-        let f: Vec<&str> = flags.iter().chain(&XRAY).copied().collect();
-        build(cc, &[&src(source)], &f, &inst);
-        let want = ok_stdout(&run(&plain, &[], &dir, false, &[]), &format!("{what} plain"));
-        let o = run(
-            &inst,
-            &[],
-            &dir,
-            true,
-            &[("FASTINST_TOOL", "none"), ("FASTINST_CLIENT", client.to_str().unwrap())],
-        );
-        assert_eq!(ok_stdout(&o, &what), want, "{what}: output changed with every probe on");
-        let (probes, entries, exits) = clobber_counts(&o);
-        println!("{what}: {probes} probes, {entries} entries, {exits} exits");
-        assert!(probes >= 4 && entries > 0 && exits > 0, "{what}: probes did not fire");
+        same_under_clobber(cc, &[&src(source)], flags, &XRAY, &dir, &client, &what);
     }
 }
 

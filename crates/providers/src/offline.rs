@@ -91,16 +91,8 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         match patchable::sled_at(&image, rec, entry) {
             Ok(_) => {
                 let f = func.and_then(|a| symbols.containing(a));
-                out.sites.push(FileSite {
-                    site: HookSite {
-                        addr: entry,
-                        kind: HookKind::Enter,
-                        form: SiteForm::Sled,
-                        operand: 0,
-                    },
-                    function: f.map(|f| f.name.clone()).unwrap_or_default(),
-                    function_start: f.map_or(entry, |f| f.start),
-                })
+                let name = f.map(|f| f.name.clone()).unwrap_or_default();
+                out.sites.push(sled_site(entry, name, f.map_or(entry, |f| f.start)))
             }
             Err(e) => out.unusable_sleds.push((entry, e.to_string())),
         }
@@ -109,17 +101,9 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         let m = crate::mcount::sites_in_elf(bytes)?;
         out.has_hooks |= !m.sites.is_empty();
         for site in m.sites {
-            let f = symbols.containing(site.addr);
-            out.sites.push(FileSite {
-                site: HookSite {
-                    addr: site.addr,
-                    kind: HookKind::Enter,
-                    form: SiteForm::Sled,
-                    operand: 0,
-                },
-                function: f.map(|f| f.name.clone()).unwrap_or_default(),
-                function_start: site.function,
-            });
+            let name = symbols.containing(site.addr).map(|f| f.name.clone());
+            out.sites
+                .push(sled_site(site.addr, name.unwrap_or_default(), site.function));
         }
         out.unusable_sleds
             .extend(m.unusable.into_iter().map(|(a, e)| (a, e.to_string())));
@@ -128,16 +112,8 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
         let (points, unusable) = crate::points::points_in_elf(bytes)?;
         out.has_hooks |= !points.is_empty();
         for p in points {
-            out.sites.push(FileSite {
-                site: HookSite {
-                    addr: p.addr,
-                    kind: HookKind::Enter,
-                    form: SiteForm::Sled,
-                    operand: 0,
-                },
-                function: format!("point {}", p.name),
-                function_start: symbols.containing(p.addr).map_or(p.addr, |f| f.start),
-            });
+            let start = symbols.containing(p.addr).map_or(p.addr, |f| f.start);
+            out.sites.push(sled_site(p.addr, format!("point {}", p.name), start));
         }
         out.unusable_sleds
             .extend(unusable.into_iter().map(|(a, e)| (a, e.to_string())));
@@ -147,17 +123,9 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
     for sled in xray {
         match crate::xray::check(&image, sled.addr) {
             Ok(_) => {
-                let f = symbols.containing(sled.addr);
-                out.sites.push(FileSite {
-                    site: HookSite {
-                        addr: sled.addr,
-                        kind: HookKind::Enter,
-                        form: SiteForm::Sled,
-                        operand: 0,
-                    },
-                    function: f.map(|f| f.name.clone()).unwrap_or_default(),
-                    function_start: sled.function,
-                });
+                let name = symbols.containing(sled.addr).map(|f| f.name.clone());
+                out.sites
+                    .push(sled_site(sled.addr, name.unwrap_or_default(), sled.function));
             }
             Err(e) => out.unusable_sleds.push((sled.addr, e.to_string())),
         }
@@ -195,6 +163,22 @@ pub fn sites_in_elf(bytes: &[u8]) -> Result<FileSites, ElfError> {
     }
     out.sites.sort_by_key(|s| s.site.addr);
     Ok(out)
+}
+
+/// A site the runtime toggles as a sled (one entry site per function: its
+/// exit probe has no site of its own), in the function `function`
+/// starting at `function_start`.
+fn sled_site(addr: u64, function: String, function_start: u64) -> FileSite {
+    FileSite {
+        site: HookSite {
+            addr,
+            kind: HookKind::Enter,
+            form: SiteForm::Sled,
+            operand: 0,
+        },
+        function,
+        function_start,
+    }
 }
 
 /// The hooks' addresses as the file's code sees them: defined symbols, or

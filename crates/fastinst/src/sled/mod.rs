@@ -613,14 +613,13 @@ fn rewrite_call(addr: u64, found: &mcount::Found) -> std::result::Result<(), Str
         expected: Some(found.call_bytes()),
         wait: None,
     };
-    // SAFETY: `addr` is the first byte of one call instruction of exactly
-    // the expected bytes (checked atomically with the store, or under the
-    // INT3 lock), so no thread is stopped inside it; a thread in the
-    // called function returns to its end, an instruction boundary of the
-    // NOP form too (the NOP, then for a 6-byte call a one-byte NOP, which
-    // nothing can have been stopped before). Both forms are valid code
-    // that leaves every register the function's own code reads as it was
-    // (the profiling functions preserve the argument registers).
+    // Why this is safe with threads running: the expected bytes are
+    // checked atomically with the store (or under the INT3 lock); a thread
+    // in the called function returns to the call's end, a boundary of the
+    // NOP form too (a 6-byte call's trailing NOP was never a boundary to
+    // be stopped at); the profiling functions preserve what the code reads.
+    // SAFETY: `addr` starts one call instruction of exactly `expected`;
+    // both forms are valid code with the boundaries above.
     unsafe { wordpatch::patch_with(addr as *mut u8, found.rewritten(), &opts) }.map_err(|e| e.to_string())
 }
 

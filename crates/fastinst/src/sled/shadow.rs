@@ -225,8 +225,20 @@ fn prune(s: *mut Stack, cfa: u64, chained: bool) {
 /// Called by the entry trampoline with the entry probe `id` and the address
 /// of the function's return-address slot.
 pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -> usize {
+    // One test for a sled at a function entry, the common site; the
+    // others are marked in the id (`FRAME_POINTER_SITE`, `POINT_SITE`).
+    if raw_id & (FRAME_POINTER_SITE | POINT_SITE) != 0 {
+        return other_site_enter(raw_id, slot, started);
+    }
+    enter_at(ProbeId::new(raw_id), slot, started)
+}
+
+/// [`sled_enter`] for a site not at a function entry: a `-pg` `mcount`
+/// site, whose return address is found through the frame pointer, or a
+/// point, which has a handler and no function, caller or exit.
+#[cold]
+fn other_site_enter(raw_id: u32, slot: *mut u64, started: u64) -> usize {
     if raw_id & POINT_SITE != 0 {
-        // A point: its handler, and no function, caller or exit.
         if crate::arch::tls::guard_get() {
             crate::stats::bump(&crate::stats::DROPPED_NESTED);
             return 0;
@@ -235,19 +247,22 @@ pub(crate) extern "C" fn sled_enter(raw_id: u32, slot: *mut u64, started: u64) -
         hooks::fire_unclocked(ProbeId::new(raw_id & !POINT_SITE), 0, slot as u64, 0, started);
         return clock;
     }
-    let (id, slot) = if raw_id & FRAME_POINTER_SITE == 0 {
-        (ProbeId::new(raw_id), slot)
-    } else {
-        // SAFETY: `slot` is the return-address slot just above the
-        // trampoline's frame, whose first word (three below `slot`: the
-        // stub's id and the sled's return address lie between) is the `rbp`
-        // it saved. At a frame-pointer site that is the function's frame
-        // pointer, set by its `push rbp; mov rbp, rsp` (checked when the
-        // site was registered), so the function's return address is just
-        // above it.
-        let rbp = unsafe { slot.sub(3).read() };
-        (ProbeId::new(raw_id & !FRAME_POINTER_SITE), (rbp + 8) as *mut u64)
-    };
+    // The trampoline's saved `rbp` is the first word of its frame, three
+    // words below `slot` (the stub's id and the sled's return address lie
+    // between); at an mcount site it is the function's frame pointer, set
+    // by its `push rbp; mov rbp, rsp` (checked at registration).
+    // SAFETY: that word is in the trampoline's live frame.
+    let rbp = unsafe { slot.sub(3).read() };
+    enter_at(
+        ProbeId::new(raw_id & !FRAME_POINTER_SITE),
+        (rbp + 8) as *mut u64,
+        started,
+    )
+}
+
+/// [`sled_enter`] once the function's return-address slot is known.
+#[inline(always)]
+fn enter_at(id: ProbeId, slot: *mut u64, started: u64) -> usize {
     if crate::arch::tls::guard_get() {
         // A handler's own calls are not probed (the recursion guard).
         crate::stats::bump(&crate::stats::DROPPED_NESTED);
