@@ -185,6 +185,7 @@ fn check(plan: &Plan, seconds_given: bool) -> ExitCode {
                 form: callpatch::Form::CallRel32,
                 split,
                 executors,
+                fetch: stress::Fetch::Warm,
                 max_toggles: plan.toggles,
                 max_time: time,
             };

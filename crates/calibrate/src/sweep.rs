@@ -4,7 +4,7 @@
 use crate::plan::Plan;
 use callpatch::Form;
 use std::time::Duration;
-use stress::{run_config, ConfigResult, Method, TrialSpec};
+use stress::{run_config, ConfigResult, Fetch, Method, TrialSpec};
 use wordpatch::Wait;
 
 /// The trials of one (W, S, N).
@@ -102,6 +102,7 @@ pub fn run_cell(wait: u64, split: usize, executors: usize, trials: u64, toggles:
         form: Form::CallRel32,
         split,
         executors,
+        fetch: Fetch::Warm,
         max_toggles: toggles,
         max_time: time,
     };

@@ -4,7 +4,7 @@
 //! The paper's §8.1 experiment as a library: [`Fixture`] generates a call
 //! site at any cache-line split in its own pages, with code chosen so that
 //! every torn mixture of two states crashes or returns an impossible value;
-//! [`run_trial`] runs executor threads over the site while one patcher
+//! [`run_trial`] runs executor threads over the site (each [`Fetch`]ing it warm or cold) while one patcher
 //! toggles it with a [`Method`], recording how many toggles overlapped
 //! executor progress; [`run_forked`] runs a trial in a forked child so a
 //! crash is a counted failure; [`run_config`] aggregates trials into
@@ -15,6 +15,7 @@
 pub mod bench;
 mod campaign;
 mod crash;
+mod fetch;
 mod fixture;
 mod method;
 pub mod ticks;
@@ -22,6 +23,7 @@ mod trial;
 
 pub use campaign::{run_config, ConfigResult, MIN_CORUN_RATIO, MIN_CORUN_TOGGLES};
 pub use crash::set_report_fd;
+pub use fetch::Fetch;
 pub use fixture::{Fixture, NOP5, REL_A};
 pub use method::{Method, Toggler};
 pub use trial::{run_forked, run_trial, Outcome, TrialSpec, TrialStats};

@@ -1,6 +1,7 @@
 //! One stress trial: executor threads run the site while one patcher toggles
 //! it; and the same trial run in a forked child so that a crash is counted.
 
+use crate::fetch::Fetch;
 use crate::fixture::Fixture;
 use crate::method::{Method, Toggler};
 use callpatch::Form;
@@ -19,6 +20,8 @@ pub struct TrialSpec {
     pub split: usize,
     /// Executor threads.
     pub executors: usize,
+    /// How they fetch the site.
+    pub fetch: Fetch,
     /// Stop after this many toggles...
     pub max_toggles: u64,
     /// ...or after this long, whichever comes first.
@@ -95,12 +98,14 @@ fn run_trial_reporting(spec: &TrialSpec, progress: Option<&AtomicU64>) -> Result
     let mut handles = Vec::new();
     for i in 0..spec.executors {
         let (fx, stop, go, counters) = (fx.clone(), stop.clone(), go.clone(), counters.clone());
+        let (fetch, last_byte) = (spec.fetch, fx.site as usize + spec.form.len() - 1);
         handles.push(std::thread::spawn(move || {
             let (mut on, mut off, mut bad, mut n) = (0u64, 0u64, 0u64, 0u64);
             while !go.load(Ordering::Acquire) {
                 core::hint::spin_loop();
             }
             while !stop.load(Ordering::Relaxed) {
+                fetch.prepare(last_byte as *const u8);
                 match fx.classify((fx.entry)()) {
                     Some(true) => on += 1,
                     Some(false) => off += 1,

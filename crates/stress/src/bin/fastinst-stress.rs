@@ -6,7 +6,7 @@ use fastinst_args::{split_list, ArgError, Argv, Item};
 use std::process::ExitCode;
 use std::time::Duration;
 use stress::bench::{self, Row};
-use stress::{run_config, Method, TrialSpec};
+use stress::{run_config, Fetch, Method, TrialSpec};
 use wordpatch::Wait;
 
 const USAGE: &str = "\
@@ -25,6 +25,9 @@ run options:
   --forms LIST        call,ind,jmp,jmpind (default: all the strategy supports)
   --splits LIST       e.g. 0,1,2 (default: every split of the form)
   --executors N       executor threads (default: max(2, cores))
+  --fetch LIST        warm,cold: executors call the site back to back, or
+                      flush the line of its back part before each call, the
+                      adversarial case (default: warm,cold)
   --trials N          trials per configuration (default 3)
   --toggles N         toggles per trial at most (default 10000000)
   --seconds F         seconds per trial at most (default 1.0)
@@ -50,6 +53,7 @@ struct RunArgs {
     forms: Option<Vec<Form>>,
     splits: Option<Vec<usize>>,
     executors: usize,
+    fetch: Vec<Fetch>,
     trials: u64,
     toggles: u64,
     seconds: f64,
@@ -66,6 +70,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         forms: None,
         splits: None,
         executors: cores.max(2),
+        fetch: Fetch::ALL.to_vec(),
         trials: 3,
         toggles: 10_000_000,
         seconds: 1.0,
@@ -78,6 +83,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             Item::Opt(n @ "--forms", i) => r.forms = Some(split_list(argv.value(n, i)?, parse_form)?),
             Item::Opt(n @ "--splits", i) => r.splits = Some(argv.list(n, i, "a split")?),
             Item::Opt(n @ "--executors", i) => r.executors = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--fetch", i) => r.fetch = split_list(argv.value(n, i)?, |s| s.parse())?,
             Item::Opt(n @ "--trials", i) => r.trials = argv.parsed(n, i, "a count")?,
             Item::Opt(n @ "--toggles", i) => r.toggles = argv.parsed(n, i, "a count")?,
             Item::Opt(n @ "--seconds", i) => r.seconds = argv.parsed(n, i, "a number of seconds")?,
@@ -98,52 +104,77 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     Ok(r)
 }
 
+/// Every configuration `a` asks for: strategy, then form, split and fetch.
+fn specs(a: &RunArgs) -> Vec<TrialSpec> {
+    let mut v = Vec::new();
+    for &strategy in &a.strategies {
+        let forms = a.forms.clone().unwrap_or_else(|| Form::ALL.to_vec());
+        for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
+            let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
+            for split in splits.into_iter().filter(|&s| s < form.len()) {
+                for &fetch in &a.fetch {
+                    v.push(TrialSpec {
+                        strategy,
+                        form,
+                        split,
+                        executors: a.executors,
+                        fetch,
+                        max_toggles: a.toggles,
+                        max_time: Duration::from_secs_f64(a.seconds),
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// `model name` from `/proc/cpuinfo`: whether a control tears is the CPU's
+/// business, so every run says which one it ran on.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 fn cmd_run(args: &[String]) -> Result<bool, String> {
     let a = parse_run(args)?;
     let mut all_ok = true;
     let mut total_toggles = 0u64;
     let mut total_failures = 0u64;
     println!(
-        "stress: {} executors, {} trials x <= {} toggles / {:.1} s per configuration; a trial counts when >= {} toggles and >= {:.0}% of them overlapped executor progress",
+        "stress on {}: {} executors, {} trials x <= {} toggles / {:.1} s per configuration; a trial counts when >= {} toggles and >= {:.0}% of them overlapped executor progress",
+        cpu_model(),
         a.executors, a.trials, a.toggles, a.seconds, stress::MIN_CORUN_TOGGLES, stress::MIN_CORUN_RATIO * 100.0
     );
-    for &strategy in &a.strategies {
-        let forms = a.forms.clone().unwrap_or_else(|| Form::ALL.to_vec());
-        for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
-            let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
-            for split in splits.into_iter().filter(|&s| s < form.len()) {
-                let spec = TrialSpec {
-                    strategy,
-                    form,
-                    split,
-                    executors: a.executors,
-                    max_toggles: a.toggles,
-                    max_time: Duration::from_secs_f64(a.seconds),
-                };
-                let r = run_config(&spec, a.trials, a.expect_failure);
-                println!("{r}");
-                println!("{}", r.result_line());
-                total_toggles += r.toggles;
-                total_failures += r.failures;
-                let ok = if a.expect_failure {
-                    r.failures > 0
+    for spec in specs(&a) {
+        let r = run_config(&spec, a.trials, a.expect_failure);
+        println!("{r}");
+        println!("{}", r.result_line());
+        total_toggles += r.toggles;
+        total_failures += r.failures;
+        let ok = if a.expect_failure {
+            r.failures > 0
+        } else {
+            r.failures == 0 && r.counted > 0
+        };
+        if !ok {
+            all_ok = false;
+            println!(
+                "  ^ {}",
+                if a.expect_failure {
+                    "expected a failure and saw none"
+                } else if r.failures > 0 {
+                    "FAILED"
                 } else {
-                    r.failures == 0 && r.counted > 0
-                };
-                if !ok {
-                    all_ok = false;
-                    println!(
-                        "  ^ {}",
-                        if a.expect_failure {
-                            "expected a failure and saw none".to_string()
-                        } else if r.failures > 0 {
-                            "FAILED".to_string()
-                        } else {
-                            "no trial had enough co-run evidence".to_string()
-                        }
-                    );
+                    "no trial had enough co-run evidence"
                 }
-            }
+            );
         }
     }
     println!("total: {total_toggles} toggles, {total_failures} failures");
@@ -333,14 +364,7 @@ fn cmd_bench(args: &[String]) -> Result<bool, String> {
             );
         }
     }
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
+    let cpu = cpu_model();
     println!(
         "cpu: {cpu}; cores: {}; TSC resolution: {} ticks; batches of up to 256 ops",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
