@@ -178,3 +178,26 @@ pub unsafe extern "C" fn fastinst_attach_start(config: *const std::ffi::c_char) 
     })
     .unwrap_or(-1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `FASTINST_EINTERNAL` in `include/fastinst.h`.
+    const EINTERNAL: c_int = -7;
+
+    #[test]
+    fn a_panic_inside_an_entry_point_is_einternal_and_goes_no_further() {
+        // The runtime has no way to panic on purpose; the guard every
+        // entry point runs through is given one.
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let rc = guard(|| panic!("a bug inside the runtime"));
+        std::panic::set_hook(prev);
+        assert_eq!(rc, EINTERNAL);
+        assert_eq!(Error::Internal("panic").code(), EINTERNAL);
+        // Errors and values pass through unchanged.
+        assert_eq!(guard(|| Ok(5)), 5);
+        assert_eq!(guard(|| Err(Error::InvalidArgument("x".into()))), -4);
+    }
+}
