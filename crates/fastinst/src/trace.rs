@@ -607,6 +607,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             sampler_ms: 0.0,
             unmatched_exits: unmatched,
             abandoned_frames: abandoned,
+            censored_frames: 0,
             too_deep,
             no_cfa: t.no_cfa.load(Ordering::Relaxed),
             no_thread: 0,

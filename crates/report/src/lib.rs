@@ -11,12 +11,16 @@
 //! - **Inclusive time** (`total_ms`): the mean duration of a function's
 //!   timed *outermost* activations times its estimated outermost calls,
 //!   so a recursive function's nested activations are not counted again
-//!   (`recursive` marks the function, `~` in the text). It is capped at
-//!   the run's wall time times its threads (`total_capped`, `!`). Its
-//!   standard deviation (`total_sd`, the text's second `+-`) joins the
-//!   call estimate's and the sampled mean's: a rare long call (a thread
-//!   preempted inside it) that a few timed calls caught or missed moves
-//!   the mean, and the spread says by how much.
+//!   (`recursive` marks the function, `~` in the text). Timed calls whose
+//!   exit went unwatched count as lasting at least until then
+//!   (right-censored, weighed in by Kaplan-Meier), and a function whose
+//!   durations spread more gets more of its calls timed. It is capped at
+//!   the run's wall time times its threads, and at its callers' inclusive
+//!   time (`total_capped`, `!`). Its standard deviation (`total_sd`, the
+//!   text's second `+-`) joins the call estimate's and the sampled
+//!   mean's: a rare long call (a thread preempted inside it) that a few
+//!   timed calls caught or missed moves the mean, and the spread says by
+//!   how much.
 //! - **Self time**: the function's CPU samples (`cpusample`) times the
 //!   sampling interval; `self_share` is its percentage of the program's
 //!   samples (the profiler's own excluded). Without CPU samples it is
@@ -32,7 +36,7 @@
 //! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined,
 //! windows, cpu_samples}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
-//! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, too_deep,
+//! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, censored_frames, too_deep,
 //! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
 //! windows_planned, windows_opened, windows_void, cpu_wait_share},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
@@ -335,8 +339,14 @@ pub struct Overhead {
     /// Exits whose entry was not sampled (dropped).
     pub unmatched_exits: u64,
     /// Sampled activations left without an exit (longjmp, exceptions,
-    /// thread exit; dropped).
+    /// thread exit, or an exit probe that went off while they ran).
     pub abandoned_frames: u64,
+    /// Of those, the ones whose exit probe went off while they ran: known
+    /// to have lasted at least until then, they are kept as censored
+    /// durations (Kaplan-Meier) in their function's mean, totals and
+    /// percentiles, not dropped. 0 in reports written before.
+    #[serde(default)]
+    pub censored_frames: u64,
     /// Sampled calls deeper than the shadow stack (dropped).
     pub too_deep: u64,
     /// Hooks whose frame could not be found (dropped).
@@ -414,8 +424,9 @@ pub struct FunctionRow {
     /// outermost, so `total_ms` is less certain.
     #[serde(default)]
     pub recursive: bool,
-    /// `total_ms` exceeded the profiled wall time times the threads and
-    /// was cut to it.
+    /// `total_ms` exceeded the profiled wall time times the threads it ran
+    /// on, or its callers' inclusive time (with two standard deviations of
+    /// room), and was cut to it.
     #[serde(default)]
     pub total_capped: bool,
     /// Self time: its CPU samples times their interval (CPU time), or,
@@ -524,8 +535,8 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     )?;
     writeln!(
         s,
-        "dropped: {} exits whose entry was not sampled, {} activations left without exit, {} too deep, {} without frame, {} on exiting threads",
-        o.unmatched_exits, o.abandoned_frames, o.too_deep, o.no_cfa, o.no_thread
+        "dropped: {} exits whose entry was not sampled, {} activations left without exit ({} of them censored: weighted as lasting past the moment their exit stopped being watched), {} too deep, {} without frame, {} on exiting threads",
+        o.unmatched_exits, o.abandoned_frames, o.censored_frames, o.too_deep, o.no_cfa, o.no_thread
     )?;
     if o.inlined_copies_off > 0 {
         writeln!(
@@ -580,7 +591,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run), +- one standard deviation; self: CPU samples"
+        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation; self: CPU samples"
     )?;
     writeln!(s)?;
     writeln!(

@@ -51,6 +51,7 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
             parent.child += dur;
         }
     }
+    f.timed.spread.record(dur);
     let self_ticks = dur.saturating_sub(done.child);
     // Read before any frame's watch stamp (see `Shadow::path_end`).
     let epoch = p.path_epoch.load(Ordering::SeqCst);

@@ -10,6 +10,8 @@
 //! (every call counted); a windowed one has it on only while a window is
 //! open.
 
+use super::exitlog::ExitLog;
+use super::spread::Spread;
 use super::window::Window;
 use crate::probe::ProbeId;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -36,6 +38,17 @@ pub(crate) const TAIL_HINT: u32 = 1 << 30;
 const EXIT_HINT: u32 = 1 << 31;
 const _: () = assert!(crate::sitetable::CAPACITY <= TAIL_HINT as usize);
 
+/// The parts of a function's state that only its timed calls and the
+/// sampler touch.
+pub(crate) struct Timed {
+    /// When its exit probes went off, by watch stamp: the censoring time
+    /// of a timed call that then lost its exit.
+    pub exit_log: ExitLog,
+    /// How its timed durations spread, which sets how many calls are
+    /// timed ([`super::spread`]).
+    pub spread: Spread,
+}
+
 /// One instrumented function.
 ///
 /// The fields a handler reads and writes come first and share one cache
@@ -61,6 +74,9 @@ pub(crate) struct Func {
     /// or on: a sampled call whose stamp differs may have exited unseen
     /// (see [`Frame::exit_gen`](super::thread::Frame::exit_gen)).
     pub exit_gen: AtomicU32,
+    /// What only timed calls touch, boxed away from the line the
+    /// handlers read.
+    pub timed: Box<Timed>,
     /// Exits in this window that matched no sampled call (see
     /// [`EXIT_BUDGET`]).
     pub unmatched: AtomicU32,
@@ -106,6 +122,10 @@ impl Func {
             budget: AtomicU32::new(u32::MAX),
             outstanding: AtomicI32::new(0),
             exit_gen: AtomicU32::new(0),
+            timed: Box::new(Timed {
+                exit_log: ExitLog::new(),
+                spread: Spread::default(),
+            }),
             unmatched: AtomicU32::new(0),
             exit_probe: AtomicU32::new(0),
             exit_slot: AtomicU32::new(0),
@@ -160,6 +180,8 @@ impl Func {
         self.outstanding.store(0, Ordering::Relaxed);
         self.unmatched.store(0, Ordering::Relaxed);
         self.closed.store(false, Ordering::Relaxed);
+        self.timed.exit_log.reset();
+        self.timed.spread.reset();
         self.window.reset();
     }
 

@@ -7,7 +7,7 @@ use super::functions::Func;
 use super::local::with_local;
 use super::profiler::{get, Profiler};
 use super::state::func_of;
-use super::store::Counters;
+use super::store::{Counters, ThreadStore};
 use super::thread::{Frame, Shadow, MAX_DEPTH, NO_NODE};
 use super::window::Kind;
 use crate::probe::ProbeId;
@@ -36,7 +36,19 @@ use wordpatch::tsc;
 /// frame there cannot hold two of them (gcc inlining a function into
 /// itself aside, where dropping the outer one loses a sample but invents
 /// nothing). Both keep a later exit from pairing with a call that is over.
-pub(super) fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exact: bool, entering: Option<u32>) {
+///
+/// A dropped frame whose exit probe went off while it was in flight lost
+/// its exit to that switch: it is recorded as censored, lasting at least
+/// until the switch ([`super::survival`]), on `store`.
+pub(super) fn pop_dead(
+    p: &Profiler,
+    store: &ThreadStore,
+    sh: &mut Shadow,
+    cfa: u64,
+    caller: u64,
+    exact: bool,
+    entering: Option<u32>,
+) {
     let tail_called_from = |f: &Frame| {
         exact && registry::get(f.entry).is_some_and(|e| (e.meta.site + providers::patchable::SLED_LEN) as u64 == caller)
     };
@@ -58,6 +70,16 @@ pub(super) fn pop_dead(p: &Profiler, sh: &mut Shadow, cfa: u64, caller: u64, exa
         }
         if let Some(g) = p.funcs.get(top.func) {
             g.outstanding.fetch_sub(1, Ordering::Relaxed);
+            if !top.watched(g) {
+                if let Some(off) = g.timed.exit_log.off_after(top.exit_gen).filter(|&t| t > top.t0) {
+                    // The hooks' time up to now, not only up to the switch,
+                    // is taken off: still a time the call outlasted.
+                    let h = crate::clock::current().map_or(top.h0, |c| c.hook_ticks());
+                    let c = crate::clock::program_ticks(top.t0, top.h0, off, h);
+                    store.agg.lock().censor(top.func, c, top.weight);
+                    Counters::add_own(&store.counts.censored, 1);
+                }
+            }
         }
         p.counters.abandoned.fetch_add(1, Ordering::Relaxed);
         sh.frames.pop();
@@ -74,9 +96,9 @@ pub(super) fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
     }
     let switched = crate::deactivate(id).is_ok();
     if switched {
-        p.exit_watch_changed(f);
+        p.exit_watch_changed(f, true);
         if reopened(f) && crate::activate(id, on_exit).is_ok() {
-            p.exit_watch_changed(f);
+            p.exit_watch_changed(f, false);
         }
     }
     switched
@@ -131,8 +153,8 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
         return;
     };
     let h0 = clock.hook_ticks();
-    let pushed = with_local(|_, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, Some(fi));
+    let pushed = with_local(|store, sh| {
+        pop_dead(p, store, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, Some(fi));
         if sh.frames.len() >= MAX_DEPTH {
             p.counters.too_deep.fetch_add(1, Ordering::Relaxed);
             return;
@@ -248,7 +270,7 @@ pub(super) extern "C" fn on_exit(id: ProbeId) {
     let t = ctx.started;
     let h1 = crate::clock::current().map_or(0, |c| c.hook_ticks());
     let r = with_local(|store, sh| {
-        pop_dead(p, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, None);
+        pop_dead(p, store, sh, cfa, ctx.call_site as u64, ctx.cfa != 0, None);
         match sh.frames.last() {
             Some(top) if top.cfa == cfa && top.func == fi => {}
             _ => {

@@ -6,6 +6,7 @@ pub use fastinst_report::*;
 
 use super::paths::{CALLER_TAG, GAP};
 use super::profiler::Profiler;
+use super::survival::Adjusted;
 use super::thread::{FnAgg, FxMap};
 use fastinst_report::pathtree::PathTree;
 use std::collections::BTreeMap;
@@ -74,6 +75,38 @@ fn total_spread(a: &FnAgg, calls: f64, calls_sd: f64) -> f64 {
     };
     let rel = (calls_sd / calls).powi(2) + mean_var / (mean * mean).max(f64::MIN_POSITIVE);
     calls * outer_mean * rel.sqrt()
+}
+
+/// Caps each function's inclusive time at its callers': a function all of
+/// whose timed calls came from instrumented functions (other than itself)
+/// ran inside them, so its total is at most the sum of theirs, each with
+/// two of its standard deviations of room (none for a caller timed
+/// whole, such as a thread body). An estimate past it is marked capped
+/// (`!`), as one past the run is: the report's totals nest as the calls
+/// do.
+fn nest(functions: &mut [FunctionRow], edges: &[EdgeRow]) {
+    let room: FxMap<&str, f64> = functions
+        .iter()
+        .map(|f| (f.name.as_str(), f.total_ms + 2.0 * f.total_sd))
+        .collect();
+    // Per callee: the callers' room summed, or None once a caller is not
+    // an instrumented function.
+    let mut cap: FxMap<&str, Option<f64>> = FxMap::default();
+    for e in edges.iter().filter(|e| e.caller != e.callee) {
+        let c = cap.entry(e.callee.as_str()).or_insert(Some(0.0));
+        *c = c.and_then(|sum| Some(sum + room.get(e.caller.as_str())?));
+    }
+    let caps: Vec<Option<f64>> = functions
+        .iter()
+        .map(|f| cap.get(f.name.as_str()).copied().flatten())
+        .collect();
+    for (f, cap) in functions.iter_mut().zip(caps) {
+        if let Some(cap) = cap.filter(|&c| f.total_ms > c) {
+            f.total_ms = cap;
+            f.total_sd = f.total_sd.min(cap);
+            f.total_capped = true;
+        }
+    }
 }
 
 /// Gathers every thread's samples into a report.
@@ -175,15 +208,35 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         }
     }
     drop(held);
+    // Durations with the censored calls weighed in (`survival`), and how
+    // much that raises each function's mean.
+    let adjusted: FxMap<u32, Adjusted> = fns
+        .iter()
+        .filter(|(_, (a, _))| a.censored_w > 0)
+        .map(|(fi, (a, _))| (*fi, Adjusted::new(&a.hist, &a.censored)))
+        .collect();
     let mut mean: FxMap<u32, f64> = FxMap::default();
+    let mut raised: FxMap<u32, f64> = FxMap::default();
     for (fi, (a, _)) in &fns {
-        mean.insert(*fi, a.sum as f64 / a.w.max(1) as f64);
+        let timed = a.sum as f64 / a.w.max(1) as f64;
+        let m = adjusted
+            .get(fi)
+            .map_or(timed, |adj| adj.mean(a.sum as f64, a.w as f64, a.censored_w as f64));
+        mean.insert(*fi, m);
+        if timed > 0.0 && m != timed {
+            raised.insert(*fi, m / timed);
+        }
     }
+    let raised_by = |fi: u32| raised.get(&fi).copied().unwrap_or(1.0);
     let total_of = |fi: u32| est.get(&fi).copied().unwrap_or(0.0) * mean.get(&fi).copied().unwrap_or(0.0);
     // Inclusive: each outermost sampled activation once, scaled to all
-    // calls (a nested activation's time is in its outermost one's).
+    // calls (a nested activation's time is in its outermost one's); the
+    // censored calls raise it as they raise the mean.
     let inclusive_of = |fi: u32| match fns.get(&fi) {
-        Some((a, _)) if a.w > 0 => est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.w as f64,
+        Some((a, _)) if a.w > 0 => {
+            est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.w as f64 * raised_by(fi)
+        }
+        Some((a, _)) if a.censored_w > 0 => total_of(fi),
         _ => 0.0,
     };
     let cpu = cpu_attribution(&ranges, &p.program);
@@ -206,7 +259,9 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     for ((caller, callee), (n, w, ticks, cf)) in edge_rows {
         let weight = fns.get(&callee).map(|x| x.0.w).unwrap_or(0).max(1);
         let calls = est.get(&callee).copied().unwrap_or(0.0) * w as f64 / weight as f64;
-        let time = calls * ticks as f64 / w.max(1) as f64;
+        // The callee's censored calls are taken to come from its callers
+        // as its timed ones do.
+        let time = calls * ticks as f64 / w.max(1) as f64 * raised_by(callee);
         if let Some(cf) = cf {
             if cf != callee {
                 *child_time.entry(cf).or_default() += time;
@@ -256,14 +311,13 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // A capped total is as uncertain as all of it, and no more:
             // the uncapped estimate's spread (millions of ms for a
             // recursive interpreter loop) says nothing of the cap.
-            let spread = ms(total_spread(a, calls, sd));
+            let spread = ms(total_spread(a, calls, sd) * raised_by(fi));
             let total_sd = if capped { spread.min(total) } else { spread };
-            let pct = |q: f64| {
-                if a.n == 0 {
-                    0.0
-                } else {
-                    us(a.hist.percentile(a.w, q).max(a.min as f64).min(a.max as f64))
-                }
+            let pct = |q: f64| match adjusted.get(&fi) {
+                // A censored call may outlast every timed one.
+                Some(adj) => us(adj.percentile(q)),
+                None if a.n == 0 => 0.0,
+                None => us(a.hist.percentile(a.w, q).max(a.min as f64).min(a.max as f64)),
             };
             FunctionRow {
                 name: fn_name(p, fi),
@@ -290,6 +344,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
+    nest(&mut functions, &edges_out);
     functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
 
     for (node, n, self_ticks, last) in ends {
@@ -334,6 +389,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             sampler_ms: p.sampler_ns.load(Ordering::Relaxed) as f64 / 1e6,
             unmatched_exits: c(|c| &c.unmatched_exits),
             abandoned_frames: c(|c| &c.abandoned),
+            censored_frames: c(|c| &c.censored),
             too_deep: c(|c| &c.too_deep),
             no_cfa: c(|c| &c.no_cfa),
             no_thread: c(|c| &c.no_thread),

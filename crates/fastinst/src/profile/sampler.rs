@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 /// switched. On the raw sampler (`raw`) a probe whose switch would take a
 /// word patch is left off and counted ([`Profiler::rearm_skipped`]).
 pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, chance: u8) -> u64 {
-    let (toggles, skipped) = p.arm(f, chance, p.settings.samples, raw, on_entry, on_exit);
+    let want = (f64::from(p.settings.samples) * f.timed.spread.boost()).round() as u32;
+    let (toggles, skipped) = p.arm(f, chance, want, raw, on_entry, on_exit);
     if skipped {
         p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
     }
@@ -132,7 +133,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 s.windowed.push(i);
                 continue;
             }
-            let chance = choose::shift_for(n as f64, f64::from(p.settings.samples));
+            let chance = choose::shift_for(n as f64, f64::from(p.settings.samples) * f.timed.spread.boost());
             toggles += rearm(p, f, raw, chance);
         }
     }

@@ -412,6 +412,8 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
         } else {
             r * threads * wlen as f64
         };
+        // More timed calls of a function whose durations spread more.
+        let want = want * p.funcs.get(fi).map_or(1.0, |f| f.timed.spread.boost());
         let chance = choose::shift_for(expected, want / k as f64);
         let budget = (want / k as f64).ceil() as u32;
         for _ in 0..k {

@@ -139,16 +139,18 @@ pub(super) fn ticks_per_ns(p: &State) -> f64 {
 }
 
 impl State {
-    /// Stamps a switch of one of `f`'s exit probes (see
-    /// [`Frame::exit_gen`](super::thread::Frame::exit_gen)); if a sampled
+    /// Stamps a switch of one of `f`'s exit probes (`off`: it went off;
+    /// see [`Frame::exit_gen`](super::thread::Frame::exit_gen)) and logs
+    /// when ([`Timed::exit_log`](super::functions::Timed::exit_log)); if a sampled
     /// call of `f` may be in flight, the paths through it may change too.
     ///
     /// Both steps are `SeqCst`, as is the entry's count-then-stamp: either
     /// the entry reads the new stamp (its frame is unaffected), or this
     /// reads its count and moves the path epoch. Most switches happen with
     /// nothing in flight and leave every thread's kept path nodes valid.
-    pub(super) fn exit_watch_changed(&self, f: &Func) {
-        f.exit_gen.fetch_add(1, Ordering::SeqCst);
+    pub(super) fn exit_watch_changed(&self, f: &Func, off: bool) {
+        let stamp = f.exit_gen.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        f.timed.exit_log.note(stamp, off, wordpatch::tsc::now());
         if f.outstanding.load(Ordering::SeqCst) > 0 {
             self.paths_may_change();
         }
@@ -199,7 +201,7 @@ impl State {
                     if !is_entry {
                         // Calls entered while it was off would otherwise
                         // look watched from here on.
-                        self.exit_watch_changed(f);
+                        self.exit_watch_changed(f, false);
                     }
                     toggles += 1;
                 }

@@ -18,6 +18,8 @@ pub(crate) struct Counters {
     pub toggles: AtomicU64,
     pub unmatched_exits: AtomicU64,
     pub abandoned: AtomicU64,
+    /// Abandoned frames recorded as censored (their exit probe went off).
+    pub censored: AtomicU64,
     pub too_deep: AtomicU64,
     pub no_cfa: AtomicU64,
     pub no_thread: AtomicU64,
@@ -37,7 +39,7 @@ impl Counters {
         c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    pub(crate) fn all(&self) -> [&AtomicU64; 12] {
+    pub(crate) fn all(&self) -> [&AtomicU64; 13] {
         [
             &self.windows_void,
             &self.windows_planned,
@@ -47,6 +49,7 @@ impl Counters {
             &self.toggles,
             &self.unmatched_exits,
             &self.abandoned,
+            &self.censored,
             &self.too_deep,
             &self.no_cfa,
             &self.no_thread,

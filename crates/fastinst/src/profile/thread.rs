@@ -106,6 +106,11 @@ pub(crate) struct FnAgg {
     pub min: u64,
     pub max: u64,
     pub hist: Hist,
+    /// Timed calls whose exit went unwatched, each at the time it is known
+    /// to have lasted (censored: see [`super::survival`]), weighted; and
+    /// their weight.
+    pub censored: Hist,
+    pub censored_w: u64,
 }
 
 impl Default for FnAgg {
@@ -120,6 +125,8 @@ impl Default for FnAgg {
             min: u64::MAX,
             max: 0,
             hist: Hist::default(),
+            censored: Hist::default(),
+            censored_w: 0,
         }
     }
 }
@@ -143,6 +150,19 @@ impl FnAgg {
         self.hist.add_weighted(d, w);
     }
 
+    /// Records a timed call known only to have lasted at least `c` ticks,
+    /// standing for `w` calls.
+    pub(crate) fn censor(&mut self, c: u64, w: u32) {
+        self.censored.add_weighted(c, u64::from(w));
+        self.censored_w += u64::from(w);
+    }
+
+    /// Whether any timed call of the function was recorded, whole or
+    /// censored.
+    pub(crate) fn any(&self) -> bool {
+        self.n > 0 || self.censored_w > 0
+    }
+
     pub(crate) fn merge(&mut self, o: &FnAgg) {
         self.n += o.n;
         self.w += o.w;
@@ -153,6 +173,8 @@ impl FnAgg {
         self.min = self.min.min(o.min);
         self.max = self.max.max(o.max);
         self.hist.merge(&o.hist);
+        self.censored.merge(&o.censored);
+        self.censored_w += o.censored_w;
     }
 }
 
@@ -348,12 +370,17 @@ impl Agg {
         &mut self.fns[i]
     }
 
+    /// Records a censored call of function `fi` (see [`FnAgg::censor`]).
+    pub(crate) fn censor(&mut self, fi: u32, c: u64, w: u32) {
+        self.function(fi).censor(c, w);
+    }
+
     /// The functions sampled on this thread, by index (after a fold).
     pub(crate) fn sampled(&self) -> impl Iterator<Item = (u32, &FnAgg)> {
         self.fns
             .iter()
             .enumerate()
-            .filter(|(_, a)| a.n > 0)
+            .filter(|(_, a)| a.any())
             .map(|(i, a)| (i as u32, a))
     }
 }
