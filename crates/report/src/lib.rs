@@ -419,9 +419,11 @@ pub struct FunctionRow {
     /// most the total when it was capped.
     #[serde(default)]
     pub total_sd: f64,
-    /// Activations of this function were sampled inside others of it:
-    /// when an outer one was not sampled, its nested ones count as
-    /// outermost, so `total_ms` is less certain.
+    /// Activations of this function were sampled inside others of it: a
+    /// call made from its own code, or one with a timed activation of it
+    /// below on its thread. A call nested deeper in a mutual recursion
+    /// whose enclosing activations were not timed counts as outermost,
+    /// so `total_ms` is less certain.
     #[serde(default)]
     pub recursive: bool,
     /// `total_ms` exceeded the profiled wall time times the threads it ran

@@ -58,8 +58,15 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
     let mut agg = store.agg.lock();
     let end = sh.path_end(&done, &mut agg.paths, epoch, |i| get().and_then(|p| p.funcs.get(i)));
     // Outermost unless an activation of the same function encloses it
-    // (counted once, in the outermost: recursion is not time twice).
-    let outer = !sh.frames.iter().any(|fr| fr.func == fi);
+    // (counted once, in the outermost: recursion is not time twice): a
+    // timed one below it on this thread, or its caller, for a call made
+    // from the function's own code. (Seen through timed frames alone, a
+    // nested call whose enclosing calls were not timed looked outermost:
+    // nearly every one does when few calls are timed, and a recursion's
+    // total counted each level's time again.)
+    let enclosed = sh.frames.iter().any(|fr| fr.func == fi);
+    let self_called = done.from != 0 && f.contains(done.from as usize);
+    let outer = !enclosed && !self_called;
     if agg.log(fi, done.from, dur, self_ticks, end, outer, done.weight) {
         agg.fold();
     }
