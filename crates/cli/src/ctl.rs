@@ -20,6 +20,11 @@ commands:
   report            the profiler writes its reports now; their files
   snapshot          the profile as it stands, as one line of JSON (the
                     .json report's schema)
+  set KEY=VALUE...  changes the profiler's sampling settings from its next
+                    epoch, all or none: samples=2..1000 (calls timed per
+                    function an epoch), windows=1..64 (counting windows per
+                    function an epoch), epoch-ms=1..1000; answers with the
+                    settings as they now stand
   detach            only for `fastinst attach`'s socket, and only through
                     it: press Ctrl-C there (it also puts the sleds' bytes
                     back), so this one is refused here
@@ -73,11 +78,18 @@ pub fn parse(argv: &[String]) -> Result<Option<CtlArgs>> {
     let socket = socket.ok_or_else(|| a.usage("give a process id or --socket PATH"))?;
     let command = match words.as_slice() {
         [c] if ["status", "report", "snapshot"].contains(&c.as_str()) => c.clone(),
+        [c, kv @ ..] if c == "set" && !kv.is_empty() => {
+            if let Some(w) = kv.iter().find(|w| !w.contains('=') || w.contains(char::is_whitespace)) {
+                return Err(a.usage(format!("set: `{w}` is not KEY=VALUE")));
+            }
+            format!("set {}", kv.join(" "))
+        }
+        [c] if c == "set" => return Err(a.usage("set: give KEY=VALUE (samples, windows, epoch-ms)")),
         [c] if c == "detach" => {
             return Err(a.usage("detach: press Ctrl-C at `fastinst attach`, which also puts the sleds' bytes back"))
         }
-        [c] => return Err(a.usage(format!("`{c}` is not a command (status, report, snapshot)"))),
-        _ => return Err(a.usage("give one command (status, report, snapshot)")),
+        [c] => return Err(a.usage(format!("`{c}` is not a command (status, report, snapshot, set)"))),
+        _ => return Err(a.usage("give one command (status, report, snapshot, set KEY=VALUE...)")),
     };
     Ok(Some(CtlArgs { socket, command }))
 }
@@ -118,7 +130,16 @@ mod tests {
             parse(&args(&["--socket", "/s", "snapshot"])).unwrap().unwrap().socket,
             Target::Path("/s".into())
         );
+        assert_eq!(
+            parse(&args(&["42", "set", "samples=40", "epoch-ms=5"]))
+                .unwrap()
+                .unwrap()
+                .command,
+            "set samples=40 epoch-ms=5"
+        );
         for (a, why) in [
+            (&["42", "set"][..], "KEY=VALUE"),
+            (&["42", "set", "samples"], "not KEY=VALUE"),
             (&["42"][..], "one command"),
             (&["x", "status"], "not a process id"),
             (&["42", "detach"], "Ctrl-C"),

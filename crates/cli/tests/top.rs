@@ -134,6 +134,30 @@ fn ctl_asks_a_running_program_for_status_snapshot_and_reports() {
             .any(|f| f["name"] == "rust_service::handle"),
         "{json}"
     );
+    // Sampling settings changed while it runs: all or nothing, and the
+    // report says what they became and that they changed.
+    let o = fastinst(&["ctl", "--socket", s, "set", "samples=40", "windows=0"], &dir);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    assert!(text(&o.stdout).contains("out of bounds"), "{}", text(&o.stdout));
+    let o = fastinst(&["ctl", "--socket", s, "set", "samples=40", "epoch-ms=20"], &dir);
+    assert_eq!(
+        text(&o.stdout).trim(),
+        "ok samples=40 windows=2 epoch-ms=20",
+        "{}",
+        text(&o.stderr)
+    );
+    let o = fastinst(&["ctl", "--socket", s, "snapshot"], &dir);
+    let r: serde_json::Value = serde_json::from_str(text(&o.stdout).trim().strip_prefix("ok ").unwrap()).unwrap();
+    assert_eq!(
+        (
+            &r["settings"]["samples_per_window"],
+            &r["settings"]["epoch_ms"],
+            &r["settings"]["changed"]
+        ),
+        (&serde_json::json!(40), &serde_json::json!(20.0), &serde_json::json!(1)),
+        "{}",
+        r["settings"]
+    );
     let o = fastinst(&["ctl", "--socket", s, "report"], &dir);
     let answer = text(&o.stdout);
     assert!(o.status.success() && answer.contains("fastinst-profile."), "{answer}");

@@ -5,6 +5,9 @@
 //! - `report`: the profiler writes its reports now; `ok <files>`;
 //! - `snapshot`: the profiler's report as it stands, as one line of JSON
 //!   (the schema of its `.json` file), written nowhere: `ok <json>`;
+//! - `set KEY=VALUE ...`: changes the profiler's sampling settings from
+//!   its next epoch (`samples`, `windows`, `epoch-ms`; all or none), `ok`
+//!   and the settings as they now stand;
 //! - `detach` (attached runs only): the tool stops and writes its
 //!   reports, every probe goes off, the sampler thread ends; `ok <files>`,
 //!   and the socket goes.
@@ -97,6 +100,15 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
                 None => ("error no probe yet".to_string(), false),
             },
             "report" | "snapshot" => ("error only the profiler reports on demand".to_string(), false),
+            set if profiling && (set == "set" || set.starts_with("set ")) => {
+                match crate::profile::set_settings(&set[3..]) {
+                    Ok(now) => (format!("ok {now}"), false),
+                    Err(e) => (format!("error {e}"), false),
+                }
+            }
+            set if set == "set" || set.starts_with("set ") => {
+                ("error only the profiler has settings to change".to_string(), false)
+            }
             "detach" if attached => match detach() {
                 Ok(()) => (format!("ok {}", take_written()), true),
                 Err(e) => (format!("error {e}"), true),
@@ -106,7 +118,7 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
                 false,
             ),
             other => (
-                format!("error unknown command `{other}` (status, report, snapshot, detach)"),
+                format!("error unknown command `{other}` (status, report, snapshot, set, detach)"),
                 false,
             ),
         };

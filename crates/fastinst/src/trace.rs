@@ -595,6 +595,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             windows: 0,
             cpu_samples: false,
             drawn: false,
+            changed: 0,
         },
         overhead: Overhead {
             probes: registry::count(),

@@ -189,6 +189,7 @@ mod tests {
                 windows: 3,
                 cpu_samples: true,
                 drawn: true,
+                changed: 0,
             },
             overhead: Overhead {
                 samples_per_s: x(),

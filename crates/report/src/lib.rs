@@ -33,7 +33,7 @@
 //!   shows a call that did not happen.
 //!
 //! JSON schema `fastinst-profile/3`: `{schema, program, pid, wall_ms,
-//! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined,
+//! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined, changed,
 //! windows, cpu_samples}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
 //! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, censored_frames, too_deep,
@@ -312,6 +312,11 @@ pub struct SettingsOut {
     /// whose epochs alternated timing the first calls and counting.
     #[serde(default)]
     pub drawn: bool,
+    /// How many times the settings were changed while the program ran
+    /// (the control socket's `set`); the fields above are the last ones.
+    /// 0 in reports written before.
+    #[serde(default)]
+    pub changed: u32,
 }
 
 /// The profiler's own cost and losses.
@@ -515,6 +520,13 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
                 "sampling: epochs of {} ms; {} windows per busy function at random times count its calls, and about {} calls of each function an epoch are timed, drawn at random among the counted ones",
                 r.settings.epoch_ms, r.settings.windows, r.settings.samples_per_window
             )?;
+            if r.settings.changed > 0 {
+                writeln!(
+                    s,
+                    "settings: changed {} times while running (`fastinst ctl ... set`); the line above gives the last",
+                    r.settings.changed
+                )?;
+            }
         } else {
             writeln!(
                 s,
@@ -819,6 +831,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             windows: 2,
             cpu_samples: true,
             drawn: true,
+            changed: 0,
         },
         overhead: Overhead::default(),
         functions: Vec::new(),

@@ -211,7 +211,7 @@ pub(super) fn count_whole(p: &Profiler, f: &Func, fi: u32, id: ProbeId) -> Optio
         f.window.counted_epoch.store(epoch, Ordering::Relaxed);
         p.due.push(fi);
     }
-    if k > p.whole_overflow
+    if k > p.live.whole_overflow()
         && f.window
             .overflow_at
             .compare_exchange(0, tsc::now(), Ordering::AcqRel, Ordering::Relaxed)

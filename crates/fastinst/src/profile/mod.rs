@@ -42,6 +42,7 @@ mod frames;
 mod functions;
 mod handlers;
 pub(crate) mod hist;
+mod live;
 mod local;
 mod output;
 mod paths;
@@ -175,6 +176,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     let program = std::env::args().next().unwrap_or_default();
     let fresh = PROFILER.set(Profiler {
         state: State {
+            live: live::Live::new(&settings),
             settings,
             funcs: Segmented::new(),
             by_addr: Mutex::new(thread::FxMap::default()),
@@ -193,7 +195,6 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             rearm_skipped: AtomicU64::new(0),
             sampler_ns: AtomicU64::new(0),
             sampler_done: AtomicBool::new(false),
-            whole_overflow: (window::WHOLE_OVERFLOW as f64 * settings.epoch_scale()) as u64,
             out,
             program,
             // None unless asked for (see `crate::timeline`).
@@ -230,6 +231,14 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Changes the running profiler's sampling settings from its next epoch
+/// (`KEY=VALUE` words: see `live::Live::set`); the settings as they now
+/// stand, or why nothing changed.
+pub(crate) fn set_settings(words: &str) -> Result<String, String> {
+    let p = get().ok_or_else(|| "the profiler has not started".to_string())?;
+    p.live.set(words)
 }
 
 /// For a detach ([`crate::attach`]), once the reports were written

@@ -71,7 +71,6 @@ fn write_timeline(p: &Profiler, r: &report::Report) -> std::io::Result<Option<st
     Ok(Some(path))
 }
 
-/// Writes the reports (at exit, or on the signal) and prints where.
 /// The report as it stands, as one line of JSON (the `.json` file's
 /// schema), for a live view (`fastinst top`); `None` before the profiler
 /// started or any probe was found.
@@ -83,6 +82,7 @@ pub(crate) fn snapshot_json() -> Option<String> {
     serde_json::to_string(&report::collect(p)).ok()
 }
 
+/// Writes the reports (at exit, or on the signal) and prints where.
 pub(crate) fn write_reports(on_demand: bool) {
     let Some(p) = get() else { return };
     if !on_demand {

@@ -117,7 +117,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let ticks_per_ns = (t1.saturating_sub(t0)) as f64 / wall_ns;
     let ms = |ticks: f64| ticks / ticks_per_ns / 1e6;
     let us = |ticks: f64| ticks / ticks_per_ns / 1e3;
-    let k = p.settings.samples;
+    let k = p.live.samples();
 
     let mut fns: BTreeMap<u32, (FnAgg, Vec<i32>)> = BTreeMap::new();
     // (caller site, callee) -> (timed calls, the calls they stand for, weighted ticks)
@@ -372,9 +372,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         tsc_mhz: ticks_per_ns * 1e3,
         settings: SettingsOut {
             samples_per_window: k,
-            epoch_ms: p.settings.epoch.as_secs_f64() * 1e3,
+            epoch_ms: p.live.epoch().as_secs_f64() * 1e3,
             inlined: p.settings.inlined,
-            windows: p.settings.windows as u32,
+            windows: p.live.windows() as u32,
+            changed: p.live.changes(),
             cpu_samples: p.settings.cpu_samples,
             drawn: true,
         },

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// switched. On the raw sampler (`raw`) a probe whose switch would take a
 /// word patch is left off and counted ([`Profiler::rearm_skipped`]).
 pub(super) fn rearm(p: &Profiler, f: &Func, raw: bool, chance: u8) -> u64 {
-    let want = (f64::from(p.settings.samples) * f.timed.spread.boost()).round() as u32;
+    let want = (f64::from(p.live.samples()) * f.timed.spread.boost()).round() as u32;
     let (toggles, skipped) = p.arm(f, chance, want, raw, on_entry, on_exit);
     if skipped {
         p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
@@ -118,7 +118,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 continue;
             }
             let (n, overflow) = p.fold_whole(f, i);
-            if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.settings.epoch_scale())
+            if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.live.epoch_scale())
                 && p_epoch > 0.0
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {
@@ -133,7 +133,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 s.windowed.push(i);
                 continue;
             }
-            let chance = choose::shift_for(n as f64, f64::from(p.settings.samples) * f.timed.spread.boost());
+            let chance = choose::shift_for(n as f64, f64::from(p.live.samples()) * f.timed.spread.boost());
             toggles += rearm(p, f, raw, chance);
         }
     }
@@ -150,13 +150,13 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
 /// keep step with a periodic pattern of the program's calls.
 pub(super) fn next_sleep(p: &Profiler, rng: &mut u64) -> Duration {
     let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
-    p.settings.epoch.mul_f64(0.5 + u)
+    p.live.epoch().mul_f64(0.5 + u)
 }
 
 /// The first epoch, where every function is counted whole, is short:
 /// the busy ones are windowed from the second.
 pub(super) fn first_sleep(p: &Profiler) -> Duration {
-    p.settings.epoch.min(Duration::from_millis(1))
+    p.live.epoch().min(Duration::from_millis(1))
 }
 
 /// Sleeps through an epoch of `d`, waking about every

@@ -396,10 +396,10 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             });
         }
     }
-    let want = f64::from(p.settings.samples);
+    let want = f64::from(p.live.samples());
     for j in 0..s.order.len() {
         let (fi, r, more, per_window) = s.order[j];
-        let k = (p.settings.windows as f64 * more).round().max(1.0) as usize;
+        let k = (p.live.windows() as f64 * more).round().max(1.0) as usize;
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
         let span = len.saturating_sub(wlen).max(1);
         // The weights undo whatever chance is chosen; this one aims at the

@@ -4,6 +4,7 @@
 
 use super::due::Due;
 use super::functions::Func;
+use super::live::Live;
 use super::settings::Settings;
 use super::store::{Counters, ThreadStore};
 use super::thread;
@@ -22,6 +23,9 @@ pub(super) const FUNC_SEGMENTS: usize = 1024;
 
 pub(crate) struct State {
     pub(crate) settings: Settings,
+    /// The sampling settings as they stand (`settings` as changed while
+    /// running).
+    pub(crate) live: Live,
     pub(crate) funcs: Segmented<Func, FUNC_SEGMENTS>,
     pub(crate) by_addr: Mutex<thread::FxMap<usize, u32>>,
     /// The functions the sampler folds and re-arms at its next tick: those
@@ -57,9 +61,6 @@ pub(crate) struct State {
     /// The sampler thread has left its loop, for good (set once [`State::stop`]
     /// is seen): what a detach waits for.
     pub(crate) sampler_done: AtomicBool,
-    /// [`window::WHOLE_OVERFLOW`] for this epoch length (see
-    /// [`Settings::epoch_scale`]), kept for the counting handler.
-    pub(crate) whole_overflow: u64,
     pub(crate) out: PathBuf,
     pub(crate) program: String,
     /// The timed calls kept for the timeline.
