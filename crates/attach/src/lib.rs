@@ -168,6 +168,24 @@ fn paths(uid: u32, pid: i32) -> Result<(PathBuf, PathBuf)> {
     Ok((dir.join(format!("attach-{pid}.conf")), dir.join(format!("{pid}.sock"))))
 }
 
+/// How good a thread stopped with these registers is to borrow, best
+/// first, or `None` when it may not be ([`safe_to_borrow`]): one running
+/// its own code leaves no system call to restart; then one whose system
+/// call restarts from its registers; last one whose call restarts from
+/// the kernel's per-thread record (`nanosleep`, `poll`, a timed futex
+/// wait: `-ERESTART_RESTARTBLOCK`), which the call must not disturb.
+fn borrow_rank(regs: &libc::user_regs_struct, maps: &[maps::Mapping]) -> Option<u8> {
+    const ERESTART_RESTARTBLOCK: i64 = -516;
+    if !safe_to_borrow(regs, maps) {
+        return None;
+    }
+    Some(match (regs.orig_rax as i64, regs.rax as i64) {
+        (nr, _) if nr < 0 => 0,
+        (_, ERESTART_RESTARTBLOCK) => 2,
+        _ => 1,
+    })
+}
+
 /// Whether a thread stopped with these registers may run `dlopen` without
 /// waiting on a lock it holds itself: in a system call that is not a
 /// memory-mapping one (`malloc` makes those holding its lock), or outside
@@ -265,8 +283,9 @@ fn attach_stopped(pid: i32, opts: &Options, plan: &Plan, began: Instant) -> Resu
         let borrow = all
             .threads
             .iter()
-            .find(|h| ptrace::getregs(h.tid).is_ok_and(|r| safe_to_borrow(&r, maps)))
-            .map(|h| h.tid);
+            .filter_map(|h| Some((borrow_rank(&ptrace::getregs(h.tid).ok()?, maps)?, h.tid)))
+            .min()
+            .map(|(_, tid)| tid);
         let Some(borrow) = borrow else {
             all.release();
             tries += 1;

@@ -17,13 +17,20 @@ const SKIP: u64 = 1024;
 /// Calls `func(args...)` on stopped, traced thread `tid` of the process
 /// whose memory `mem` is, with `data` copied below its stack first (`args` may point into
 /// it: [`DATA`] stands for its address). The call returns to address 0,
-/// where the fault it takes is caught. Signals arriving meanwhile are
-/// delivered (the program's handlers run on the borrowed stack). Returns
-/// `rax`.
+/// where the fault it takes is caught. Signals arriving meanwhile stay
+/// pending until the call is over ([`SignalsHeld`]). Returns `rax`.
 ///
 /// The thread's registers (`orig_rax` included, so that a system call it
 /// was interrupted in is restarted as it would have been) and the stack
-/// bytes written are restored afterwards. If the call does not return
+/// bytes written are restored afterwards. One system call cannot restart
+/// as it would have: one that restarts from the kernel's per-thread record
+/// (`-ERESTART_RESTARTBLOCK`: `nanosleep`, `poll`, a timed futex wait),
+/// which any `nanosleep` in the call resets. Restored as it stood, it
+/// returned at once: a program attached while its main thread slept 8 s
+/// ran 0.77 s. It is issued again instead, with its own arguments, as the
+/// kernel does for calls that restart from their registers: a relative
+/// timeout then runs again from its start. (`attach` borrows such a
+/// thread only when no other may be.) If the call does not return
 /// within `limit` it is left running and the error says so: its state
 /// cannot be put back while it holds whatever it holds.
 pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &str, limit: Duration) -> Result<u64> {
@@ -47,6 +54,8 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
     for (reg, &a) in regs.into_iter().zip(args) {
         *reg = if a == DATA { data_at } else { a };
     }
+    let held = SignalsHeld::hold(tid)?;
+    let restored = reissued(saved);
     ptrace::setregs(tid, r).map_err(|e| AttachError::Other(format!("setting registers of {tid}: {e}")))?;
     let until = Instant::now() + limit;
     let mut deliver: Option<Signal> = None;
@@ -70,7 +79,8 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
                 break now.rax;
             }
             // A fault of the call itself: put the thread back and say so.
-            ptrace::setregs(tid, saved).ok();
+            ptrace::setregs(tid, restored).ok();
+            held.release()?;
             mem.write(lo, &old)?;
             return Err(AttachError::Other(format!(
                 "{what} faulted in process {pid} at {:#x}; the thread was put back",
@@ -80,8 +90,67 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
         deliver = pending_of(&st);
     };
     mem.write(lo, &old)?;
-    ptrace::setregs(tid, saved).map_err(|e| AttachError::Other(format!("restoring registers of {tid}: {e}")))?;
+    ptrace::setregs(tid, restored).map_err(|e| AttachError::Other(format!("restoring registers of {tid}: {e}")))?;
+    held.release()?;
     Ok(result)
+}
+
+/// The registers to put back after a call: `saved`, but a system call
+/// stopped with `-ERESTART_RESTARTBLOCK` is set to be issued again (its
+/// number in `rax`, `rip` back on its 2-byte `syscall`), since the record
+/// it would restart from may not survive the call (see [`call`]).
+fn reissued(saved: libc::user_regs_struct) -> libc::user_regs_struct {
+    const ERESTART_RESTARTBLOCK: i64 = -516;
+    let mut r = saved;
+    if (saved.orig_rax as i64) >= 0 && saved.rax as i64 == ERESTART_RESTARTBLOCK {
+        r.rax = saved.orig_rax;
+        r.rip -= 2;
+    }
+    r
+}
+
+/// A borrowed thread's signal mask, all-blocked while it runs a call.
+///
+/// A program's handler run in the middle of the call would run on the
+/// borrowed stack, inside `dlopen` or the runtime's start, and one that
+/// leaves by `siglongjmp` would abandon the call with the thread's
+/// registers never put back. Held pending instead, the signals are
+/// delivered once the thread is back in its own state, as if they had come
+/// then. (`SIGKILL` and `SIGSTOP` cannot be blocked; a fault of the call
+/// itself is still reported, the kernel unblocks it.)
+struct SignalsHeld {
+    tid: Pid,
+    mask: u64,
+}
+
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+
+fn sigmask(op: libc::c_uint, tid: Pid, mask: &mut u64) -> Result<()> {
+    // SAFETY: both requests read or write the 8 bytes of `mask`, the size
+    // passed, of a thread this process traces and has stopped.
+    let rc = unsafe { libc::ptrace(op, tid.as_raw(), std::mem::size_of::<u64>(), mask as *mut u64) };
+    if rc == -1 {
+        return Err(AttachError::Other(format!(
+            "signal mask of {tid}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+impl SignalsHeld {
+    fn hold(tid: Pid) -> Result<SignalsHeld> {
+        let mut mask = 0;
+        sigmask(PTRACE_GETSIGMASK, tid, &mut mask)?;
+        let mut all = u64::MAX;
+        sigmask(PTRACE_SETSIGMASK, tid, &mut all)?;
+        Ok(SignalsHeld { tid, mask })
+    }
+
+    fn release(mut self) -> Result<()> {
+        sigmask(PTRACE_SETSIGMASK, self.tid, &mut self.mask)
+    }
 }
 
 /// An argument of [`call`] that stands for the address of its `data`.

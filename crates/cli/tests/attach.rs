@@ -107,6 +107,52 @@ fn attach_profile_detach(cc: &str) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A thread stopped in `nanosleep` sleeps its whole length: when another
+/// thread can be borrowed for the runtime's start, and when the sleeping
+/// one must be. (Restored as it stood, a borrowed thread's `nanosleep`
+/// returned at once: the record the kernel restarts it from does not
+/// survive the runtime's start.)
+#[test]
+fn a_sleeping_thread_sleeps_its_whole_length_through_an_attach() {
+    let dir = scratch("sleeper");
+    let bin = dir.join("sleeper");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/sleeper.c");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-fpatchable-function-entry=5"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .expect("gcc (Debian package gcc)");
+    assert!(st.success());
+    let want = "nanosleep returned 0 after its whole length: yes\n";
+    for threads in ["1", "0"] {
+        let child = spawn(&bin, &[threads]);
+        let pid = child.id();
+        std::thread::sleep(Duration::from_millis(300));
+        let o = fastinst(
+            &[
+                "attach",
+                "--duration",
+                "0.3",
+                "--out",
+                dir.to_str().unwrap(),
+                &pid.to_string(),
+            ],
+            &dir,
+        );
+        let err = text(&o.stderr);
+        assert!(o.status.success() && err.contains("detached from"), "{err}");
+        let (got, rc) = finish(child);
+        assert_eq!(
+            (got.as_str(), rc),
+            (want, Some(0)),
+            "{threads} worker thread(s):\n{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn gcc_sled_build_is_attached_profiled_and_left_as_it_was() {
     attach_profile_detach("gcc");

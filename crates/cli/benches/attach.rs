@@ -1,0 +1,215 @@
+//! Attach and detach on a process with 20,000 probe sites, in one run:
+//! generates a C program of 20,000 functions (each a sled, gcc -O2
+//! `-fpatchable-function-entry=5`) that four threads call in turn, and
+//! attaches `fastinst attach --duration 0.5` to a fresh run of it several
+//! times (a process is attached once). Prints, median and p90 over the
+//! attaches: the attach until the runtime has started with its probes
+//! armed, how long every thread stood stopped for it, the detach (the
+//! reports written, every probe off, every site checked against the
+//! file) and how long every thread stood stopped for that. Beside them,
+//! uprobes on the same functions of the same program (root only, through
+//! tracefs): defining the 20,000 probes, then enabling and disabling them
+//! while the program runs, which is when the kernel writes or removes
+//! their breakpoints in its pages.
+//! `cargo bench -p fastinst-cli --bench attach`; results in
+//! `crates/benches/results/attach.md`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Probe sites (functions) in the generated program.
+const SITES: usize = 20_000;
+/// Attaches measured.
+const RUNS: usize = 7;
+
+fn program() -> String {
+    let mut c = String::from(
+        "#include <pthread.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <time.h>\n\
+         typedef unsigned (*fn_t)(unsigned);\n",
+    );
+    for i in 0..SITES {
+        writeln!(
+            c,
+            "__attribute__((noinline)) unsigned f{i}(unsigned x) {{ return x * 2654435761u + {i}u; }}"
+        )
+        .unwrap();
+    }
+    c.push_str("static fn_t table[] = {");
+    for i in 0..SITES {
+        write!(c, "f{i},").unwrap();
+    }
+    c.push_str(
+        "};\nstatic volatile int stop;\n\
+         static void *worker(void *a) {\n\
+           unsigned acc = (unsigned)(long)a;\n\
+           while (!stop) for (unsigned i = 0; i < sizeof table / sizeof *table; i++) acc = table[i](acc);\n\
+           return (void *)(long)acc;\n\
+         }\n\
+         int main(int argc, char **argv) {\n\
+           double s = argc > 1 ? atof(argv[1]) : 2.0;\n\
+           pthread_t t[4];\n\
+           for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
+           struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};\n\
+           nanosleep(&ts, NULL);\n\
+           stop = 1;\n\
+           for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);\n\
+           printf(\"done\\n\");\n\
+           return 0;\n\
+         }\n",
+    );
+    c
+}
+
+/// The number after `key` in `text` (`key` ends where the number starts).
+fn after(text: &str, key: &str) -> Option<f64> {
+    let rest = &text[text.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn stats(mut v: Vec<f64>) -> String {
+    v.sort_by(f64::total_cmp);
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    format!("{:.1} | {:.1}", q(0.5), q(0.9))
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+const GROUP: &str = "fastinst_bench";
+
+/// File offsets of `f0..` in `bin`, from `nm` and its executable segment.
+fn offsets(bin: &Path) -> Vec<u64> {
+    let text = |cmd: &mut Command| String::from_utf8(cmd.output().unwrap().stdout).unwrap();
+    let segs = text(Command::new("readelf").arg("-lW").arg(bin));
+    let load = segs
+        .lines()
+        .map(str::split_whitespace)
+        .map(|w| w.collect::<Vec<_>>())
+        .find(|w| w.first() == Some(&"LOAD") && w.contains(&"E"))
+        .expect("an executable LOAD segment");
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    let (seg_off, seg_vaddr) = (hex(load[1]), hex(load[2]));
+    let mut by_index = vec![0u64; SITES];
+    for l in text(Command::new("nm").arg(bin)).lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if let [addr, "T" | "t", name] = w[..] {
+            if let Some(i) = name.strip_prefix('f').and_then(|n| n.parse::<usize>().ok()) {
+                if i < SITES {
+                    by_index[i] = hex(addr) - seg_vaddr + seg_off;
+                }
+            }
+        }
+    }
+    assert!(by_index.iter().all(|&o| o != 0), "a function without a symbol");
+    by_index
+}
+
+fn tracefs_write(file: &str, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(Path::new(TRACEFS).join(file))?;
+    f.write_all(text.as_bytes())
+}
+
+/// uprobes on every `f` of `bin`: (define, enable, disable) in ms, with a
+/// run of the program between; `None` where tracefs cannot be written.
+fn uprobes(bin: &Path) -> Option<(f64, f64, f64)> {
+    if tracefs_write("uprobe_events", "").is_err() {
+        return None;
+    }
+    let offs = offsets(bin);
+    let measured = measure_uprobes(bin, &offs);
+    // Removed whatever happened, so that no probe of ours stays defined.
+    for i in 0..offs.len() {
+        let _ = tracefs_write("uprobe_events", &format!("-:{GROUP}/f{i}\n"));
+    }
+    measured
+}
+
+fn measure_uprobes(bin: &Path, offs: &[u64]) -> Option<(f64, f64, f64)> {
+    let t = std::time::Instant::now();
+    for (i, off) in offs.iter().enumerate() {
+        tracefs_write("uprobe_events", &format!("p:{GROUP}/f{i} {}:{off:#x}\n", bin.display())).ok()?;
+    }
+    let define = t.elapsed().as_secs_f64() * 1e3;
+    let child = Command::new(bin).arg("2").stdout(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let enable_file = format!("events/{GROUP}/enable");
+    let t = std::time::Instant::now();
+    let on = tracefs_write(&enable_file, "1");
+    let enable = t.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(500));
+    let t = std::time::Instant::now();
+    let off = tracefs_write(&enable_file, "0");
+    let disable = t.elapsed().as_secs_f64() * 1e3;
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "the program under uprobes failed");
+    (on.is_ok() && off.is_ok()).then_some((define, enable, disable))
+}
+
+fn main() {
+    let out = std::env::temp_dir().join(format!("fastinst-attach-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let src = out.join("sites.c");
+    std::fs::write(&src, program()).unwrap();
+    let bin = out.join("sites");
+    let st = Command::new("gcc")
+        .args(["-O2", "-pthread", "-fpatchable-function-entry=5"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .status();
+    assert!(st.is_ok_and(|s| s.success()), "gcc failed (is gcc installed?)");
+    let (mut attach, mut attach_stopped, mut detach, mut detach_stopped) = (vec![], vec![], vec![], vec![]);
+    let mut sites = 0.0;
+    for run in 0..RUNS {
+        let child = Command::new(&bin).arg("3").stdout(Stdio::piped()).spawn().unwrap();
+        // Its threads are running the sites when the attach comes.
+        std::thread::sleep(Duration::from_millis(300));
+        let reports = out.join(format!("run{run}"));
+        let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+            .args(["attach", "--duration", "0.5", "--out"])
+            .arg(&reports)
+            .arg(child.id().to_string())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "attach failed:\n{err}");
+        let o2 = child.wait_with_output().unwrap();
+        assert!(
+            o2.status.success() && String::from_utf8_lossy(&o2.stdout) == "done\n",
+            "the program's run changed"
+        );
+        let attached = err.lines().find(|l| l.contains("attached to")).expect("attach line");
+        let detached = err.lines().find(|l| l.contains("detached from")).expect("detach line");
+        attach.push(after(attached, " in ").unwrap());
+        attach_stopped.push(after(attached, "stopped for ").unwrap());
+        sites = after(attached, "ms; ").unwrap();
+        detach.push(after(detached, " in ").unwrap());
+        detach_stopped.push(after(detached, "threads stopped ").unwrap());
+    }
+    println!("# Attach and detach, {sites} sled sites, 5 threads (4 calling them), {RUNS} attaches\n");
+    println!("| step | median ms | p90 ms |");
+    println!("|---|---|---|");
+    println!(
+        "| attach, until the runtime runs with its probes armed | {} |",
+        stats(attach)
+    );
+    println!("| of it, every thread stopped | {} |", stats(attach_stopped));
+    println!(
+        "| detach: reports written, probes off, sites checked | {} |",
+        stats(detach)
+    );
+    println!("| of it, every thread stopped | {} |", stats(detach_stopped));
+    match uprobes(&bin) {
+        Some((define, enable, disable)) => {
+            println!("\nuprobes on the same {SITES} functions, one run: defining them {define:.1} ms; enabling them in the running process {enable:.1} ms; disabling {disable:.1} ms");
+        }
+        None => println!("\nuprobes: not measured (tracefs is not writable here: root is needed)"),
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
