@@ -217,7 +217,10 @@ fn main() {
             println!("\nuprobes on {UPROBES} of the same functions, one run (ms in all, and us a probe):\n");
             println!("| step | ms | us a probe |");
             println!("|---|---|---|");
-            for (step, t) in ["define", "enable in the running process", "disable", "remove"].iter().zip(ms) {
+            for (step, t) in ["define", "enable in the running process", "disable", "remove"]
+                .iter()
+                .zip(ms)
+            {
                 println!("| {step} | {t:.1} | {:.1} |", t * 1e3 / UPROBES as f64);
             }
         }
