@@ -18,7 +18,8 @@ const SKIP: u64 = 1024;
 /// whose memory `mem` is, with `data` copied below its stack first (`args` may point into
 /// it: [`DATA`] stands for its address). The call returns to address 0,
 /// where the fault it takes is caught. Signals arriving meanwhile stay
-/// pending until the call is over ([`SignalsHeld`]). Returns `rax`.
+/// pending until the call is over (the thread's signal mask is
+/// all-blocked for it). Returns `rax`.
 ///
 /// The thread's registers (`orig_rax` included, so that a system call it
 /// was interrupted in is restarted as it would have been) and the stack
