@@ -41,6 +41,23 @@ fn finish(mut c: Child) -> (String, Option<i32>) {
     (out, c.wait().unwrap().code())
 }
 
+/// `fastinst attach --duration SECS --out OUT PID`, run from `dir`:
+/// whether it succeeded, and what it said on stderr.
+fn attach_for(pid: u32, secs: &str, out: &Path, dir: &Path) -> (bool, String) {
+    let o = fastinst(
+        &[
+            "attach",
+            "--duration",
+            secs,
+            "--out",
+            out.to_str().unwrap(),
+            &pid.to_string(),
+        ],
+        dir,
+    );
+    (o.status.success(), text(&o.stderr))
+}
+
 fn maps_have_runtime(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libfastinst.so"))
 }
@@ -57,20 +74,9 @@ fn attach_profile_detach(cc: &str) {
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
     let out = dir.join("out");
-    let o = fastinst(
-        &[
-            "attach",
-            "--duration",
-            "0.7",
-            "--out",
-            out.to_str().unwrap(),
-            &pid.to_string(),
-        ],
-        &dir,
-    );
-    let err = text(&o.stderr);
+    let (ok, err) = attach_for(pid, "0.7", &out, &dir);
     println!("{err}");
-    assert!(o.status.success(), "{err}");
+    assert!(ok, "{err}");
     assert!(err.contains("attached to") && err.contains("detached from"), "{err}");
     // The program still runs: its sleds are its file's bytes again.
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
@@ -130,19 +136,8 @@ fn a_sleeping_thread_sleeps_its_whole_length_through_an_attach() {
         let child = spawn(&bin, &[threads]);
         let pid = child.id();
         std::thread::sleep(Duration::from_millis(300));
-        let o = fastinst(
-            &[
-                "attach",
-                "--duration",
-                "0.3",
-                "--out",
-                dir.to_str().unwrap(),
-                &pid.to_string(),
-            ],
-            &dir,
-        );
-        let err = text(&o.stderr);
-        assert!(o.status.success() && err.contains("detached from"), "{err}");
+        let (ok, err) = attach_for(pid, "0.3", &dir, &dir);
+        assert!(ok && err.contains("detached from"), "{err}");
         let (got, rc) = finish(child);
         assert_eq!(
             (got.as_str(), rc),
@@ -311,14 +306,10 @@ fn a_second_attach_is_refused_and_harmless() {
     let inst = dir.join("inst");
     build("gcc", &["-fpatchable-function-entry=5"], &inst);
     let child = spawn(&inst, &["2", "30000"]);
-    let pid = child.id().to_string();
     std::thread::sleep(Duration::from_millis(200));
-    let out = dir.join("out");
-    let o = fastinst(
-        &["attach", "--duration", "0.3", "--out", out.to_str().unwrap(), &pid],
-        &dir,
-    );
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let (ok, err) = attach_for(child.id(), "0.3", &dir.join("out"), &dir);
+    assert!(ok, "{err}");
+    let pid = child.id().to_string();
     let again = fastinst(&["attach", "--duration", "0.3", &pid], &dir);
     assert_eq!(again.status.code(), Some(1));
     assert!(

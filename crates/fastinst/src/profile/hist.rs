@@ -147,6 +147,11 @@ impl<const B: u32> Hist<B> {
         self.iter().map(|(m, c)| c as f64 * (m - mean) * (m - mean)).sum()
     }
 
+    /// Whether nothing was counted.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.counts.iter().all(|&c| c == 0)
+    }
+
     /// Every stored bucket's middle and count, in order (for tests and
     /// merging into another resolution).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (f64, u64)> + '_ {

@@ -212,7 +212,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     // much that raises each function's mean.
     let adjusted: FxMap<u32, Adjusted> = fns
         .iter()
-        .filter(|(_, (a, _))| a.censored_w > 0)
+        .filter(|(_, (a, _))| !a.censored.is_empty())
         .map(|(fi, (a, _))| (*fi, Adjusted::new(&a.hist, &a.censored)))
         .collect();
     let mut mean: FxMap<u32, f64> = FxMap::default();
@@ -221,7 +221,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         let timed = a.sum as f64 / a.w.max(1) as f64;
         let m = adjusted
             .get(fi)
-            .map_or(timed, |adj| adj.mean(a.sum as f64, a.w as f64, a.censored_w as f64));
+            .map_or(timed, |adj| adj.mean(a.sum as f64, a.w as f64, a.censored_w() as f64));
         mean.insert(*fi, m);
         if timed > 0.0 && m != timed {
             raised.insert(*fi, m / timed);
@@ -236,7 +236,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         Some((a, _)) if a.w > 0 => {
             est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.w as f64 * raised_by(fi)
         }
-        Some((a, _)) if a.censored_w > 0 => total_of(fi),
+        Some((a, _)) if !a.censored.is_empty() => total_of(fi),
         _ => 0.0,
     };
     let cpu = cpu_attribution(&ranges, &p.program);

@@ -107,10 +107,8 @@ pub(crate) struct FnAgg {
     pub max: u64,
     pub hist: Hist,
     /// Timed calls whose exit went unwatched, each at the time it is known
-    /// to have lasted (censored: see [`super::survival`]), weighted; and
-    /// their weight.
+    /// to have lasted (censored: see [`super::survival`]), weighted.
     pub censored: Hist,
-    pub censored_w: u64,
 }
 
 impl Default for FnAgg {
@@ -126,7 +124,6 @@ impl Default for FnAgg {
             max: 0,
             hist: Hist::default(),
             censored: Hist::default(),
-            censored_w: 0,
         }
     }
 }
@@ -154,13 +151,17 @@ impl FnAgg {
     /// standing for `w` calls.
     pub(crate) fn censor(&mut self, c: u64, w: u32) {
         self.censored.add_weighted(c, u64::from(w));
-        self.censored_w += u64::from(w);
     }
 
     /// Whether any timed call of the function was recorded, whole or
     /// censored.
     pub(crate) fn any(&self) -> bool {
-        self.n > 0 || self.censored_w > 0
+        self.n > 0 || !self.censored.is_empty()
+    }
+
+    /// The calls the censored ones stand for.
+    pub(crate) fn censored_w(&self) -> u64 {
+        self.censored.iter().map(|(_, c)| c).sum()
     }
 
     pub(crate) fn merge(&mut self, o: &FnAgg) {
@@ -174,7 +175,6 @@ impl FnAgg {
         self.max = self.max.max(o.max);
         self.hist.merge(&o.hist);
         self.censored.merge(&o.censored);
-        self.censored_w += o.censored_w;
     }
 }
 
