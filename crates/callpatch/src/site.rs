@@ -125,6 +125,7 @@ impl CallSite {
     }
 
     /// The active bytes.
+    #[inline]
     pub fn on(&self) -> &[u8] {
         &self.on[..self.form.len()]
     }

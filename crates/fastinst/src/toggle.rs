@@ -64,14 +64,11 @@ pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
         p.state.store(if on { ON } else { 0 }, Ordering::Relaxed);
         return Ok(());
     };
-    let len = site.on().len();
     let cp = |r: std::result::Result<(), callpatch::Error>| r.map_err(|source| Error::Patch { id, source });
     let new_state = if on {
         match Strategy::from_u8(st & !ON) {
             Strategy::Flip | Strategy::Paper => cp(site.activate())?,
-            s @ (Strategy::WordSync | Strategy::WordAsync) => {
-                word_patch(p, site, site.on(), &word_off(site)[..len], s == Strategy::WordAsync)?
-            }
+            s @ (Strategy::WordSync | Strategy::WordAsync) => word_toggle(p, site, true, s)?,
         }
         ON
     } else {
@@ -79,9 +76,7 @@ pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
         match s {
             Strategy::Flip => cp(site.deactivate(Mode::Flip))?,
             Strategy::Paper => cp(site.deactivate(Mode::Paper))?,
-            Strategy::WordSync | Strategy::WordAsync => {
-                word_patch(p, site, &word_off(site)[..len], site.on(), s == Strategy::WordAsync)?
-            }
+            Strategy::WordSync | Strategy::WordAsync => word_toggle(p, site, false, s)?,
         }
         s as u8
     };
@@ -89,8 +84,25 @@ pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
     Ok(())
 }
 
+/// The word strategies' toggle of call site `site`, kept out of
+/// [`set_code`] so that the callpatch strategies' path carries none of its
+/// frame.
+#[inline(never)]
+fn word_toggle(p: &Probe, site: &CallSite, on: bool, s: Strategy) -> Result<()> {
+    let len = site.on().len();
+    let off = word_off(site);
+    let (new, old) = if on {
+        (site.on(), &off[..len])
+    } else {
+        (&off[..len], site.on())
+    };
+    word_patch(p, site, new, old, s == Strategy::WordAsync)
+}
+
 /// Switches sled probe `p` on or off; the sled's code follows "either probe
-/// on". The caller holds `p`'s lock.
+/// on". The caller holds `p`'s lock. Not inlined, like [`word_toggle`]:
+/// its frame would be every call site's toggle's.
+#[inline(never)]
 fn set_sled_code(p: &Probe, sled: &Sled, on: bool) -> Result<()> {
     let id = p.meta.id;
     if p.unloaded.load(Ordering::Acquire) {
