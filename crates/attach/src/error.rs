@@ -36,9 +36,19 @@ pub enum AttachError {
         /// The tracer's pid.
         tracer: i32,
     },
-    /// The runtime is in the process already.
-    #[error("process {0} has the fastinst runtime already (preloaded, or attached before): attaching again is not supported")]
+    /// The runtime was preloaded into the process (`LD_PRELOAD`).
+    #[error("process {0} runs the fastinst runtime preloaded (LD_PRELOAD), not attached: control it through the socket FASTINST_CONTROL names (see docs/attach.md)")]
     AlreadyLoaded(i32),
+    /// The process is attached now.
+    #[error(
+        "process {0} is attached already: detach it first (`fastinst ctl {0} detach`, or end the attach that holds it)"
+    )]
+    AlreadyAttached(i32),
+    /// The runtime loaded in the process is a file since replaced.
+    #[error(
+        "process {0} has a libfastinst.so loaded whose file was since replaced or removed: it cannot be attached again"
+    )]
+    StaleLibrary(i32),
     /// Nothing to probe.
     #[error("process {0} has no probe sites: build it with -fpatchable-function-entry=5 (see docs/attach.md)")]
     NoSites(i32),

@@ -4,8 +4,9 @@
 //! An attach, in order:
 //! 1. Checks that leave the process untouched: it exists, it is the
 //!    caller's (or the caller is root), no tracer holds it, the runtime is
-//!    not in it already, and its modules' ELF files list sled sites
-//!    (`-fpatchable-function-entry`).
+//!    neither preloaded nor attached in it now (one attached before and
+//!    detached is started again), and its modules' ELF files list sled
+//!    sites (`-fpatchable-function-entry`).
 //! 2. Every thread is stopped with ptrace ([`threads::Stopped::all`]).
 //!    gcc's sleds are five 1-byte NOPs, and a thread may be stopped between
 //!    two of them: any such thread is single-stepped out, then the sleds
@@ -25,7 +26,8 @@
 //!
 //! What stays in the process: the mapped library (it cannot be unloaded
 //! while a call being timed may still return through it), its trampoline
-//! pages and its idle state.
+//! pages and its idle state. A later attach finds the library loaded and
+//! starts the runtime in it again ([`attach`]).
 
 pub mod error;
 pub mod maps;
@@ -214,9 +216,7 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
         return Err(AttachError::Traced { pid, tracer });
     }
     let maps = maps::of(pid)?;
-    if maps.iter().any(|m| m.path.ends_with(LIBRARY_NAME)) {
-        return Err(AttachError::AlreadyLoaded(pid));
-    }
+    let library = loaded_library(pid, &maps)?.unwrap_or_else(|| opts.library.clone());
     let sites = sleds::of_modules(&maps::modules(&maps))?;
     if sites.is_empty() {
         return Err(AttachError::NoSites(pid));
@@ -239,16 +239,45 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
         dlerror,
         config: &config,
     };
-    let r = attach_stopped(pid, opts, &plan, began);
+    let r = attach_stopped(pid, &library, &plan, began);
     let _ = std::fs::remove_file(&config);
     let timings = r?;
     Ok(Session {
         pid,
         sites,
         control,
-        library: opts.library.clone(),
+        library,
         timings,
     })
+}
+
+/// The runtime library the process has loaded already, if any: one that
+/// was attached and detached, to be started again (loading it again
+/// returns the same library). Refused: a preloaded runtime, an attached
+/// one, and a library whose file was replaced (loading the path again
+/// would bring in a second runtime).
+fn loaded_library(pid: i32, maps: &[maps::Mapping]) -> Result<Option<PathBuf>> {
+    if maps
+        .iter()
+        .any(|m| m.path.contains(&format!("{LIBRARY_NAME} (deleted)")))
+    {
+        return Err(AttachError::StaleLibrary(pid));
+    }
+    let Some(m) = maps.iter().find(|m| m.path.ends_with(LIBRARY_NAME)) else {
+        return Ok(None);
+    };
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let preloaded = environ
+        .split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+        .any(|v| String::from_utf8_lossy(v).contains(LIBRARY_NAME));
+    if preloaded {
+        return Err(AttachError::AlreadyLoaded(pid));
+    }
+    if control_socket(pid).is_some_and(|s| control(&s, "status").is_ok_and(|a| a.starts_with("ok"))) {
+        return Err(AttachError::AlreadyAttached(pid));
+    }
+    Ok(Some(PathBuf::from(&m.path)))
 }
 
 /// What the checks found, for the part of the attach that stops threads.
@@ -262,7 +291,7 @@ struct Plan<'a> {
     config: &'a Path,
 }
 
-fn attach_stopped(pid: i32, opts: &Options, plan: &Plan, began: Instant) -> Result<Timings> {
+fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Result<Timings> {
     let Plan {
         maps,
         sites,
@@ -314,7 +343,7 @@ fn attach_stopped(pid: i32, opts: &Options, plan: &Plan, began: Instant) -> Resu
     };
     timings.all_stopped = stopped_for;
     let tid = held.tid;
-    let result = load_and_start(&mem, pid, tid, opts, dlopen, dlerror, config);
+    let result = load_and_start(&mem, pid, tid, library, dlopen, dlerror, config);
     let _ = ptrace::detach(tid, held.pending);
     if let Err(e) = result {
         // Leave the process as it was: the sleds' bytes back.
@@ -334,12 +363,12 @@ fn load_and_start(
     mem: &Mem,
     pid: i32,
     tid: Pid,
-    opts: &Options,
+    library: &Path,
     dlopen: u64,
     dlerror: u64,
     config: &Path,
 ) -> Result<()> {
-    let lib = opts.library.to_string_lossy().into_owned();
+    let lib = library.to_string_lossy().into_owned();
     let mut path = lib.clone().into_bytes();
     path.push(0);
     let handle = remote::call(
@@ -379,6 +408,7 @@ fn load_and_start(
             2 => "the runtime was started in this process already",
             3 => "the control socket could not be made",
             4 => "the settings name no control socket",
+            5 => "the tool could not start (the trace tool runs once in a process)",
             _ => "a panic or a bad argument",
         };
         return Err(AttachError::Start { pid, code, reason });

@@ -24,6 +24,11 @@ impl Mapping {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }
 
+    /// Whether it is private (copy-on-write), as a loaded module's are.
+    pub fn private(&self) -> bool {
+        self.perms.as_bytes().get(3) == Some(&b'p')
+    }
+
     /// Whether `addr` lies in it.
     pub fn contains(&self, addr: u64) -> bool {
         (self.start..self.end).contains(&addr)
@@ -77,11 +82,16 @@ pub fn modules(maps: &[Mapping]) -> Vec<Module> {
         if out.iter().any(|o| o.path.as_os_str() == m.path.as_str()) {
             continue;
         }
+        // The module's first mapping: the nearest private one of the file
+        // at offset 0 below its code. Not just any of the file's: a program
+        // (the runtime's discovery among them) may map the same file again,
+        // shared and read-only, to read it, and such a mapping below the
+        // module's once gave `dlopen` a wrong address.
         let base = maps
             .iter()
-            .filter(|o| o.path == m.path && o.offset == 0)
+            .filter(|o| o.path == m.path && o.offset == 0 && o.private() && o.start <= m.start)
             .map(|o| o.start)
-            .min()
+            .max()
             .unwrap_or(m.start - m.offset);
         out.push(Module {
             path: PathBuf::from(&m.path),
@@ -123,5 +133,16 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_shared_mapping_of_a_module_file_is_not_its_base() {
+        // libc.so.6 mapped again, shared, below the loaded one (what the
+        // runtime's reading of ELF files leaves in a process).
+        let m = parse(&format!(
+            "7ffff0000000-7ffff01d7000 r--s 00000000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6\n{MAPS}"
+        ));
+        let libc = modules(&m).into_iter().find(|x| x.path.ends_with("libc.so.6")).unwrap();
+        assert_eq!(libc.base, 0x7fff_f7dc_0000);
     }
 }

@@ -1,12 +1,15 @@
 //! Attach and detach on a process with 20,000 probe sites, in one run:
 //! generates a C program of 20,000 functions (each a sled, gcc -O2
 //! `-fpatchable-function-entry=5`) that four threads call in turn, and
-//! attaches `fastinst attach --duration 0.5` to a fresh run of it several
-//! times (a process is attached once). Prints, median and p90 over the
-//! attaches: the attach until the runtime has started with its probes
-//! armed, how long every thread stood stopped for it, the detach (the
-//! reports written, every probe off, every site checked against the
-//! file) and how long every thread stood stopped for that. Beside them,
+//! attaches `fastinst attach --duration 0.3` to each of several runs of it
+//! three times: the first attach loads the library, the later ones start
+//! it again. Prints, median and p90 over the attaches of each kind: the
+//! attach until the runtime has started with its probes armed, how long
+//! every thread stood stopped for it, the detach (the reports written,
+//! every probe off, every site checked against the file) and how long
+//! every thread stood stopped for that; and the process's resident memory
+//! after each detach, the cost of the idle profilers left behind. Beside
+//! them,
 //! uprobes on the same functions of the same program (root only, through
 //! tracefs): defining 2,000 of those probes, then enabling and disabling them
 //! while the program runs, which is when the kernel writes or removes
@@ -21,8 +24,10 @@ use std::time::Duration;
 
 /// Probe sites (functions) in the generated program.
 const SITES: usize = 20_000;
-/// Attaches measured.
-const RUNS: usize = 7;
+/// Processes, each attached [`ATTACHES`] times.
+const RUNS: usize = 5;
+/// Attaches to each process: the first, then again after each detach.
+const ATTACHES: usize = 3;
 /// uprobes defined and enabled: the first of the functions. The kernel
 /// removes about 60 definitions a second here (all 20,000 took minutes),
 /// so they are fewer, and their costs are given per probe too.
@@ -171,47 +176,70 @@ fn main() {
         .arg(&bin)
         .status();
     assert!(st.is_ok_and(|s| s.success()), "gcc failed (is gcc installed?)");
-    let (mut attach, mut attach_stopped, mut detach, mut detach_stopped) = (vec![], vec![], vec![], vec![]);
+    // Per kind (0: first attach, 1: again): attach, its stop, detach, its stop.
+    let mut t: [[Vec<f64>; 4]; 2] = Default::default();
+    let mut rss_growth = vec![];
     let mut sites = 0.0;
     for run in 0..RUNS {
-        let child = Command::new(&bin).arg("3").stdout(Stdio::piped()).spawn().unwrap();
+        let child = Command::new(&bin).arg("8").stdout(Stdio::piped()).spawn().unwrap();
         // Its threads are running the sites when the attach comes.
         std::thread::sleep(Duration::from_millis(300));
-        let reports = out.join(format!("run{run}"));
-        let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
-            .args(["attach", "--duration", "0.5", "--out"])
-            .arg(&reports)
-            .arg(child.id().to_string())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "attach failed:\n{err}");
+        let mut rss = vec![];
+        for n in 0..ATTACHES {
+            let reports = out.join(format!("run{run}-{n}"));
+            let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+                .args(["attach", "--duration", "0.3", "--out"])
+                .arg(&reports)
+                .arg(child.id().to_string())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "attach {n} failed:\n{err}");
+            let attached = err.lines().find(|l| l.contains("attached to")).expect("attach line");
+            let detached = err.lines().find(|l| l.contains("detached from")).expect("detach line");
+            let k = &mut t[usize::from(n > 0)];
+            k[0].push(after(attached, " in ").unwrap());
+            k[1].push(after(attached, "stopped for ").unwrap());
+            sites = after(attached, "ms; ").unwrap();
+            k[2].push(after(detached, " in ").unwrap());
+            k[3].push(after(detached, "threads stopped ").unwrap());
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+            // kB.
+            rss.push(
+                status
+                    .lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()),
+            );
+        }
         let o2 = child.wait_with_output().unwrap();
         assert!(
             o2.status.success() && String::from_utf8_lossy(&o2.stdout) == "done\n",
             "the program's run changed"
         );
-        let attached = err.lines().find(|l| l.contains("attached to")).expect("attach line");
-        let detached = err.lines().find(|l| l.contains("detached from")).expect("detach line");
-        attach.push(after(attached, " in ").unwrap());
-        attach_stopped.push(after(attached, "stopped for ").unwrap());
-        sites = after(attached, "ms; ").unwrap();
-        detach.push(after(detached, " in ").unwrap());
-        detach_stopped.push(after(detached, "threads stopped ").unwrap());
+        let rss: Vec<f64> = rss.into_iter().flatten().collect();
+        rss_growth.extend(rss.windows(2).map(|w| (w[1] - w[0]) / 1024.0));
     }
-    println!("# Attach and detach, {sites} sled sites, 5 threads (4 calling them), {RUNS} attaches\n");
-    println!("| step | median ms | p90 ms |");
-    println!("|---|---|---|");
     println!(
-        "| attach, until the runtime runs with its probes armed | {} |",
-        stats(attach)
+        "# Attach and detach, {sites} sled sites, 5 threads (4 calling them), {RUNS} processes attached {ATTACHES} times each\n"
     );
-    println!("| of it, every thread stopped | {} |", stats(attach_stopped));
+    println!("| step | first attach: median ms | p90 ms | again: median ms | p90 ms |");
+    println!("|---|---|---|---|---|");
+    for (i, step) in [
+        "attach, until the runtime runs with its probes armed",
+        "of it, every thread stopped",
+        "detach: reports written, probes off, sites checked",
+        "of it, every thread stopped",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!("| {step} | {} | {} |", stats(t[0][i].clone()), stats(t[1][i].clone()));
+    }
     println!(
-        "| detach: reports written, probes off, sites checked | {} |",
-        stats(detach)
+        "\nresident memory after each detach, growth from the last: {} MB (median | p90): the idle profiler each attach after the first leaves",
+        stats(rss_growth)
     );
-    println!("| of it, every thread stopped | {} |", stats(detach_stopped));
     match uprobes(&bin) {
         Some(ms) => {
             println!("\nuprobes on {UPROBES} of the same functions, one run (ms in all, and us a probe):\n");

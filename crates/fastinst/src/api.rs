@@ -42,6 +42,19 @@ pub(crate) fn register(cb: Callback) -> Result<()> {
     })
 }
 
+/// Calls `f` with every probe discovered so far, under the discovery lock,
+/// as [`register`] does before it keeps a callback: for a callback kept
+/// already whose tool starts again (`crate::tools::listen`).
+pub(crate) fn replay_discovery(f: fn(&ProbeMeta)) {
+    with_state(|_| {
+        let in_discovery = DiscoveryGuard::enter();
+        for p in registry::iter() {
+            f(&p.meta());
+        }
+        drop(in_discovery);
+    });
+}
+
 /// Makes probe `id` call `handler`. If the probe's code is off it is
 /// switched on with the inverse of the strategy that switched it off; if it
 /// is on, this is one atomic store (switching between two handlers never

@@ -18,10 +18,22 @@
 //! pages and its idle state. Calls that were being timed when the tool
 //! stopped still return through the library's exit trampoline, which pairs
 //! them and returns as before; nothing calls into the library otherwise.
-//! A process is attached once: the runtime's tools are made once per
-//! process, so attaching again is refused ([`AttachError::AlreadyStarted`]).
+//!
+//! A process can be attached again once detached, any number of times. The
+//! library is loaded once; each attach after the first starts the runtime
+//! again ([`start`]) with that attach's settings: the modules, sleds and
+//! probes read before are kept, and the tool starts afresh (the profiler
+//! as a new generation, its reports only of that attach's time; the
+//! counts from zero). Each attach leaves one more idle profiler behind
+//! (its tables, not freed because nothing proves no thread still holds a
+//! reference). The trace tool runs once a process. A process started
+//! under `LD_PRELOAD` is never attached ([`AttachError::AlreadyStarted`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The runtime was started by an attach (then perhaps detached).
+static ATTACHED_BEFORE: AtomicBool = AtomicBool::new(false);
 
 /// Why an attached start failed: also `fastinst_attach_start`'s status
 /// ([`AttachError::code`]).
@@ -40,6 +52,10 @@ pub enum AttachError {
     /// The settings name no control socket.
     #[error("the settings name no FASTINST_CONTROL socket")]
     NoControl,
+    /// The tool could not start (in an attach after a detach: the trace
+    /// tool, which runs once a process).
+    #[error("the tool could not start: {0}")]
+    Tool(crate::Error),
 }
 
 impl AttachError {
@@ -50,6 +66,7 @@ impl AttachError {
             AttachError::AlreadyStarted => 2,
             AttachError::Control(..) => 3,
             AttachError::NoControl => 4,
+            AttachError::Tool(_) => 5,
         }
     }
 }
@@ -99,11 +116,34 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
         .find(|(k, _)| k == "FASTINST_CONTROL")
         .map(|(_, v)| PathBuf::from(v))
         .ok_or(AttachError::NoControl)?;
-    if crate::process::started() || !crate::env::set_overlay(vars) {
+    // Started, and not by an attach that was since detached: preloaded, or
+    // attached now.
+    let again = ATTACHED_BEFORE.load(Ordering::Acquire) && !attached();
+    if crate::process::started() && !again {
         return Err(AttachError::AlreadyStarted);
     }
+    if crate::process::started()
+        && crate::process::tool_from(&vars) == crate::tools::Tool::Trace
+        && crate::trace::installed()
+    {
+        return Err(AttachError::Tool(crate::Error::InvalidArgument(
+            "the trace tool runs once in a process".into(),
+        )));
+    }
+    if crate::process::started() {
+        // Attached before: the detach put every sled back to its file's
+        // bytes, and this attach normalised them again.
+        let differing = crate::sled::restored_from_files();
+        if differing > 0 {
+            crate::log::warn(format_args!(
+                "{differing} sleds hold neither their code nor their file's bytes; their probes stay off"
+            ));
+        }
+    }
+    crate::env::set_overlay(vars);
     let listener = crate::control::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
     crate::attached::set(true);
+    ATTACHED_BEFORE.store(true, Ordering::Release);
     crate::process::start_from_env();
     std::thread::Builder::new()
         .name("fastinst-control".into())

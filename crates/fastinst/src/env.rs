@@ -3,25 +3,28 @@
 //! invalid value is reported on stderr and the default used.
 
 use crate::log;
-use std::sync::OnceLock;
+use std::sync::RwLock;
 
 /// Settings given to a runtime that was attached to a running process
 /// (`process::attach_start`): they stand for the `FASTINST_*` variables
 /// the process was not started with. The process's environment is never
 /// written: `setenv` races every other thread's `getenv`.
-static OVERLAY: OnceLock<Vec<(String, String)>> = OnceLock::new();
+static OVERLAY: RwLock<Option<Vec<(String, String)>>> = RwLock::new(None);
 
-/// Sets the attached runtime's settings, once; false if they were set.
-pub(crate) fn set_overlay(vars: Vec<(String, String)>) -> bool {
-    OVERLAY.set(vars).is_ok()
+/// Sets the attached runtime's settings (each attach its own), in place of
+/// the environment's.
+pub(crate) fn set_overlay(vars: Vec<(String, String)>) {
+    if let Ok(mut o) = OVERLAY.write() {
+        *o = Some(vars);
+    }
 }
 
 /// The variable as set: from the attached runtime's settings, if any were
 /// given, else from the environment.
 pub(crate) fn var(name: &str) -> Option<String> {
-    match OVERLAY.get() {
-        Some(o) => o.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
-        None => std::env::var(name).ok(),
+    match OVERLAY.read().as_deref() {
+        Ok(Some(o)) => o.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+        _ => std::env::var(name).ok(),
     }
 }
 

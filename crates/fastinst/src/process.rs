@@ -14,10 +14,19 @@ use crate::tools::{self, Tool};
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 static TOOL: AtomicU8 = AtomicU8::new(0);
-static OUT: OnceLock<PathBuf> = OnceLock::new();
+/// The output directory of the tool running now (an attach after a detach
+/// may name another).
+static OUT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+fn out_dir() -> PathBuf {
+    OUT.lock()
+        .ok()
+        .and_then(|o| o.clone())
+        .unwrap_or_else(|| PathBuf::from("."))
+}
 
 /// Starts the runtime as `LD_PRELOAD=libfastinst.so` does, configured by
 /// the `FASTINST_*` variables (`docs/configuration.md`): log level,
@@ -26,7 +35,10 @@ static OUT: OnceLock<PathBuf> = OnceLock::new();
 /// It never fails: an invalid setting is reported on stderr and its
 /// default used. It does not register [`finish`] or the fork handlers:
 /// the caller does (the preload library with `atexit` and
-/// `pthread_atfork`).
+/// `pthread_atfork`). Run again in a process attached again after a
+/// detach (`crate::attach`), it starts the tool then chosen: what was read
+/// and registered before (modules, sleds, probes) is kept and only what is
+/// new is added.
 pub fn start_from_env() {
     let began = wordpatch::tsc::now();
     if let Some(l) = env("FASTINST_LOG") {
@@ -67,7 +79,9 @@ pub fn start_from_env() {
             PathBuf::from(".")
         }
     };
-    let _ = OUT.set(out);
+    if let Ok(mut o) = OUT.lock() {
+        *o = Some(out);
+    }
     let ticks = crate::discovery::init();
     crate::stats::MODULES_TICKS.fetch_add(ticks, Ordering::Relaxed);
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
@@ -85,7 +99,7 @@ pub fn start_from_env() {
             wordpatch::tsc::now().wrapping_sub(t0)
         ));
     }
-    let out_dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
+    let out_dir = out_dir();
     if let Err(e) = tools::install(tool, &out_dir) {
         log::error(format_args!("FASTINST_TOOL: {e}"));
     }
@@ -139,7 +153,16 @@ fn load_client(path: &str) {
 /// Whether the runtime was started in this process ([`start_from_env`]
 /// ran: preloaded, or attached).
 pub(crate) fn started() -> bool {
-    OUT.get().is_some()
+    OUT.lock().is_ok_and(|o| o.is_some())
+}
+
+/// The tool that settings `vars` (`KEY=VALUE` pairs) choose; the default
+/// where they choose none or an invalid one, as [`start_from_env`] does.
+pub(crate) fn tool_from(vars: &[(String, String)]) -> Tool {
+    vars.iter()
+        .find(|(k, v)| k == "FASTINST_TOOL" && !v.is_empty())
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(Tool::Profile)
 }
 
 /// The tool this process runs.
@@ -186,7 +209,7 @@ pub fn finish() {
             Tool::Profile => crate::profile::write_reports(false),
             Tool::Trace => crate::trace::write_reports(),
             Tool::Count => {
-                let dir = OUT.get().cloned().unwrap_or_else(|| PathBuf::from("."));
+                let dir = out_dir();
                 match tools::write_counts(&dir) {
                     Ok(Some(p)) => eprintln!("fastinst: call counts written to {}", p.display()),
                     Ok(None) => {}

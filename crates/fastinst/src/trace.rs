@@ -136,7 +136,13 @@ fn get() -> Option<&'static Tracer> {
     TRACER.get()
 }
 
-/// Starts the tracer: hooks time themselves, every probe goes on.
+/// Whether the tracer was made (it is made once a process).
+pub(crate) fn installed() -> bool {
+    TRACER.get().is_some()
+}
+
+/// Starts the tracer: hooks time themselves, every probe goes on. Refused
+/// if it was made before (an attach after a detach).
 pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
     let fresh = TRACER.set(Tracer {
         funcs: Segmented::new(),
@@ -151,13 +157,16 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         timeline: crate::timeline::Log::from_env(crate::timeline::DEFAULT_CALLS),
     });
     if fresh.is_err() {
-        return Ok(());
+        return Err(crate::Error::InvalidArgument(
+            "the trace tool runs once in a process: its tables are not made again".into(),
+        ));
     }
     crate::hookcost::start_clock();
-    crate::on_discovery(discovered)
+    crate::tools::listen()
 }
 
-fn discovered(m: &ProbeMeta) {
+/// The tracer's discovery (`crate::tools::listen` calls it while tracing).
+pub(crate) fn discovered(m: &ProbeMeta) {
     let Some(t) = get() else { return };
     // Points are no function's: they stay off (as they start).
     if !crate::filter::admit(m) || m.kind == crate::probe::ProbeKind::Point {

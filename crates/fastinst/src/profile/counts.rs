@@ -101,6 +101,21 @@ impl Counts {
         }
     }
 
+    /// [`Counts::open`] for every function: a new profiler generation
+    /// counts from here.
+    pub(crate) fn open_all(&self) {
+        for seg in &self.segs {
+            let p = seg.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: a published segment is never freed or moved.
+            for slot in unsafe { &*p }.iter() {
+                slot.open.store(slot.count.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Calls of function `fi` counted since its window opened.
     pub(crate) fn since_open(&self, fi: u32) -> u64 {
         self.slot(fi).map_or(0, |s| {

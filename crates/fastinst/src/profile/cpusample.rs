@@ -115,6 +115,11 @@ pub(crate) fn close_events() {
             unsafe { libc::close(fd) };
         }
     }
+    // The slots are free for a later generation's events (an attach after
+    // a detach) unless some events could not be kept.
+    if EVENTS_TAKEN.load(Ordering::Acquire) <= KEPT_EVENTS {
+        EVENTS_TAKEN.store(0, Ordering::Release);
+    }
 }
 
 /// Starts sampling (once per process; again in a forked child, whose
@@ -222,7 +227,8 @@ const PERF_FLAG_FD_CLOEXEC: usize = 8;
 /// `SIGTRAP` every [`PERIOD_NS`] of its CPU time; whether it did. The
 /// descriptor stays open for the thread's life (its event with it).
 fn open_event() -> bool {
-    if OPENED.with(|o| o.replace(true)) {
+    let generation = super::profiler::generation();
+    if OPENED.with(|o| o.replace(generation)) == generation {
         return true;
     }
     let mut attr = PerfAttr([0; 16]);
@@ -244,7 +250,7 @@ fn open_event() -> bool {
         )
     };
     if fd < 0 {
-        OPENED.with(|o| o.set(false));
+        OPENED.with(|o| o.set(0));
     } else {
         keep_event(fd as i32);
     }
@@ -252,14 +258,15 @@ fn open_event() -> bool {
 }
 
 thread_local! {
-    /// This thread has its event (one a thread: two would double its
-    /// samples).
-    static OPENED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The profiler generation this thread has its event for (one a
+    /// thread: two would double its samples; 0: none). A detach closes
+    /// every event, so a thread opens one again for the next generation.
+    static OPENED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Forgets this thread's event (a forked child's thread has none).
 fn forget_event() {
-    OPENED.with(|o| o.set(false));
+    OPENED.with(|o| o.set(0));
 }
 
 /// Stops sampling (the report is being made).

@@ -70,7 +70,7 @@ use local::with_local;
 pub(crate) use output::{snapshot_json, write_reports};
 use parking_lot::Mutex;
 pub use paths::MAX_PATH_NODES;
-use profiler::{get, Profiler, PROFILER};
+use profiler::{get, Profiler};
 use sampler::{on_signal, rearm, start_sampler};
 use schedule::Schedule;
 pub use settings::{Sampler, Settings};
@@ -83,10 +83,13 @@ use store::Counters;
 use thread::Agg;
 use wordpatch::tsc;
 
-/// The discovery callback: a function per entry address, both probes on
-/// with the profiler's handlers.
-fn discovered(m: &ProbeMeta) {
-    let Some(p) = get() else { return };
+/// The profiler's discovery: a function per entry address, both probes on
+/// with the profiler's handlers (`crate::tools::listen` calls it while the
+/// profiler is the tool). A stopped profiler switches nothing on.
+pub(crate) fn discovered(m: &ProbeMeta) {
+    let Some(p) = get().filter(|p| !p.stop.load(Ordering::Acquire)) else {
+        return;
+    };
     // Points are no function's: they stay off (as they start).
     if !crate::filter::admit(m) || m.kind == crate::probe::ProbeKind::Point {
         return;
@@ -137,7 +140,13 @@ fn discovered(m: &ProbeMeta) {
         probe.tool.store(fi as u64 + 1, Ordering::Relaxed);
     }
     let entry = m.kind == ProbeKind::Entry;
-    f.probes.push(m.id, entry);
+    // Shown again to a later generation, which took over the function's
+    // probe list.
+    let mut listed = false;
+    f.probes.for_each(|id, _| listed |= id == m.id);
+    if !listed {
+        f.probes.push(m.id, entry);
+    }
     if !entry && m.provider == crate::probe::Provider::Finstrument && m.site != 0 {
         f.hint_exit(m.id, exit_slot(m));
     }
@@ -170,16 +179,40 @@ fn function_end(f: usize) -> usize {
     sitetable::get(key::extent(f as u64)).map_or(usize::MAX, |size| f + size as usize)
 }
 
-/// Starts the profiler: the discovery callback, the daemon, the signal.
+/// Starts the profiler: the discovery callback, the daemon, the signal. A
+/// profiler that ran and stopped (an attached process that was detached)
+/// is followed by a new one, with the settings as they are now; a running
+/// one is left as it is.
 pub fn install(out: PathBuf) -> crate::Result<()> {
+    if profiler::running() {
+        return Ok(());
+    }
     let settings = Settings::from_env();
     let program = std::env::args().next().unwrap_or_default();
-    let fresh = PROFILER.set(Profiler {
+    let cpu_samples = settings.cpu_samples;
+    let signal = settings.signal;
+    // A profiler before this one (stopped: `install` refuses otherwise)
+    // hands over its function table, reset; no probe is on meanwhile.
+    let (funcs, by_addr) = match get() {
+        Some(old) => {
+            for i in 0..old.funcs.len() {
+                if let Some(f) = old.funcs.get(i) {
+                    f.reset();
+                }
+            }
+            (old.funcs, old.by_addr)
+        }
+        None => (
+            &*Box::leak(Box::new(Segmented::new())),
+            &*Box::leak(Box::new(Mutex::new(thread::FxMap::default()))),
+        ),
+    };
+    let fresh = profiler::install(|generation| Profiler {
         state: State {
             live: live::Live::new(&settings),
             settings,
-            funcs: Segmented::new(),
-            by_addr: Mutex::new(thread::FxMap::default()),
+            funcs,
+            by_addr,
             due: Due::default(),
             stores: Segmented::new(),
             stores_lock: AtomicBool::new(false),
@@ -197,13 +230,22 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             sampler_done: AtomicBool::new(false),
             out,
             program,
+            hook_ticks_before: crate::clock::threads().map(|t| t.hook_ticks()).sum(),
             // None unless asked for (see `crate::timeline`).
             timeline: crate::timeline::Log::from_env(0),
         },
         schedule: Schedule::new(on_entry, on_exit),
+        generation,
     });
-    if fresh.is_err() {
+    if !fresh {
         return Ok(());
+    }
+    if let Some(p) = get() {
+        // The functions taken over: each is the sampler's to hand out
+        // before any of its probes is on (see `Due::push`).
+        for fi in 0..p.funcs.len() {
+            p.due.reserve(fi);
+        }
     }
     // The hooks time themselves (the program clock), and the first epoch
     // starts now.
@@ -215,19 +257,21 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     // CPU samples before any probe goes on: a thread opens its sampling
     // event when its first hook makes its store, and in a process that
     // runs (an attach), threads hooked before the samples were on never
-    // opened one (an attached run once had no CPU sample at all).
-    if settings.cpu_samples {
+    // opened one (an attached run once had no CPU sample at all). A new
+    // generation forgets the last one's samples.
+    if cpu_samples {
+        cpusample::reset();
         cpusample::start();
     }
-    crate::on_discovery(discovered)?;
+    crate::tools::listen()?;
     start_sampler();
-    if settings.signal != 0 {
+    if signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as *const () as usize;
             sa.sa_flags = libc::SA_RESTART;
-            libc::sigaction(settings.signal, &sa, std::ptr::null_mut());
+            libc::sigaction(signal, &sa, std::ptr::null_mut());
         }
     }
     Ok(())

@@ -386,7 +386,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             samples_per_s: samples as f64 / wall_s,
             toggles,
             toggles_per_s: toggles as f64 / wall_s,
-            handler_ms: ms(crate::clock::threads().map(|t| t.hook_ticks()).sum::<u64>() as f64),
+            handler_ms: ms(crate::clock::threads()
+                .map(|t| t.hook_ticks())
+                .sum::<u64>()
+                .saturating_sub(p.hook_ticks_before) as f64),
             sampler_ms: p.sampler_ns.load(Ordering::Relaxed) as f64 / 1e6,
             unmatched_exits: c(|c| &c.unmatched_exits),
             abandoned_frames: c(|c| &c.abandoned),

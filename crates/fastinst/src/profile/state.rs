@@ -26,8 +26,12 @@ pub(crate) struct State {
     /// The sampling settings as they stand (`settings` as changed while
     /// running).
     pub(crate) live: Live,
-    pub(crate) funcs: Segmented<Func, FUNC_SEGMENTS>,
-    pub(crate) by_addr: Mutex<thread::FxMap<usize, u32>>,
+    /// The functions, by index: one table for the life of the process,
+    /// which each profiler generation takes over and resets (an attach
+    /// after a detach), so that a new generation allocates none of it.
+    pub(crate) funcs: &'static Segmented<Func, FUNC_SEGMENTS>,
+    /// Function index by entry address, kept with `funcs`.
+    pub(crate) by_addr: &'static Mutex<thread::FxMap<usize, u32>>,
     /// The functions the sampler folds and re-arms at its next tick: those
     /// counted in the epoch, or whose window was closed.
     pub(crate) due: Due<FUNC_SEGMENTS>,
@@ -63,6 +67,9 @@ pub(crate) struct State {
     pub(crate) sampler_done: AtomicBool,
     pub(crate) out: PathBuf,
     pub(crate) program: String,
+    /// Every thread's hook ticks when this profiler started: an earlier
+    /// profiler's (an attach before a detach) are not this one's.
+    pub(crate) hook_ticks_before: u64,
     /// The timed calls kept for the timeline.
     pub(crate) timeline: crate::timeline::Log,
 }

@@ -68,6 +68,10 @@ impl Counters {
 /// A thread's store: its shadow stack (owner only) and aggregates.
 pub(crate) struct ThreadStore {
     pub(crate) tid: i32,
+    /// The generation of the profiler it was made for and registered with
+    /// (`super::profiler`): a thread makes itself a new store when the
+    /// generation moves on.
+    pub(crate) generation: std::sync::atomic::AtomicU32,
     pub(crate) shadow: UnsafeCell<Shadow>,
     pub(crate) agg: Mutex<Agg>,
     pub(crate) exited: AtomicBool,

@@ -65,6 +65,20 @@ impl Sled {
         }
     }
 
+    /// For an attach after a detach: the process's code was put back to
+    /// its files' bytes at the detach, and the attach normalised it again,
+    /// so a sled holds `off` again, the state it started in, whatever form
+    /// switched it off last. Records that; false, and nothing changed, if
+    /// it holds anything else.
+    pub(crate) fn restored(&self) -> bool {
+        let _g = self.lock();
+        if self.call.current() != self.off {
+            return false;
+        }
+        self.code.store(Strategy::WordSync as u8, Ordering::Relaxed);
+        true
+    }
+
     pub(crate) fn lock(&self) -> Guard<'_> {
         crate::spin::acquire(&self.lock);
         Guard(&self.lock)
