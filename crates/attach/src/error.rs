@@ -50,7 +50,7 @@ pub enum AttachError {
     )]
     StaleLibrary(i32),
     /// Nothing to probe.
-    #[error("process {0} has no probe sites: build it with -fpatchable-function-entry=5 (see docs/attach.md)")]
+    #[error("process {0} has no probe sites: build it with -fpatchable-function-entry=5 or -finstrument-functions (see docs/attach.md)")]
     NoSites(i32),
     /// The process ended.
     #[error("process {0} exited during the attach")]

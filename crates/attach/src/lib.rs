@@ -29,6 +29,8 @@
 //! pages and its idle state. A later attach finds the library loaded and
 //! starts the runtime in it again ([`attach`]).
 
+pub mod bindings;
+pub mod code;
 pub mod error;
 pub mod maps;
 pub mod mem;
@@ -72,6 +74,8 @@ pub struct Timings {
     pub sites: usize,
     /// See [`Timings::sites`].
     pub normalised: usize,
+    /// `-finstrument-functions` hook slots bound to the runtime.
+    pub slots: usize,
     /// From the first thread stopped to all going on again.
     pub all_stopped: Duration,
     /// The whole attach, until the runtime had started.
@@ -83,6 +87,12 @@ pub struct Timings {
 pub struct Session {
     pid: i32,
     sites: Vec<Site>,
+    /// Hook slots bound to the runtime, with what each held.
+    bound: Vec<(bindings::Slot, u64)>,
+    /// The probed modules' code, and what of it differed from the files
+    /// before the attach.
+    regions: Vec<(maps::Mapping, PathBuf)>,
+    code_before: Vec<code::Run>,
     control: PathBuf,
     library: PathBuf,
     /// What the attach measured.
@@ -96,6 +106,12 @@ pub struct Detached {
     pub files: Vec<PathBuf>,
     /// Sites checked equal to their files' bytes.
     pub sites_checked: usize,
+    /// Hook slots put back.
+    pub slots_restored: usize,
+    /// Runs of code bytes put back from the files (sleds aside).
+    pub code_restored: usize,
+    /// Code bytes compared with the files.
+    pub code_checked: u64,
     /// Times all threads were stopped before none was inside the library.
     pub tries: usize,
     /// From the request to letting go.
@@ -217,10 +233,27 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     }
     let maps = maps::of(pid)?;
     let library = loaded_library(pid, &maps)?.unwrap_or_else(|| opts.library.clone());
-    let sites = sleds::of_modules(&maps::modules(&maps))?;
-    if sites.is_empty() {
+    let modules = maps::modules(&maps);
+    let sites = sleds::of_modules(&modules)?;
+    let slots = bindings::of_modules(&modules)?;
+    if sites.is_empty() && slots.is_empty() {
         return Err(AttachError::NoSites(pid));
     }
+    // The code the runtime may change: the probed modules'. What differs
+    // from the files already is not the runtime's to put back.
+    let probed: Vec<maps::Module> = modules
+        .iter()
+        .filter(|m| {
+            let of_m = |a: u64| {
+                maps.iter()
+                    .any(|x| x.path.as_str() == m.path.as_os_str() && x.contains(a))
+            };
+            sites.iter().any(|s| of_m(s.addr)) || slots.iter().any(|s| of_m(s.addr))
+        })
+        .cloned()
+        .collect();
+    let regions = code::regions(&maps, &probed);
+    let code_before = code::differing(&Mem::open(pid)?, &regions)?;
     let dlopen = symbol_in(&maps, "libc.so.6", "dlopen")?;
     let dlerror = symbol_in(&maps, "libc.so.6", "dlerror")?;
     let (config, control) = paths(owner, pid)?;
@@ -241,14 +274,52 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     };
     let r = attach_stopped(pid, &library, &plan, began);
     let _ = std::fs::remove_file(&config);
-    let timings = r?;
-    Ok(Session {
+    let mut timings = r?;
+    let mut session = Session {
         pid,
         sites,
+        bound: Vec::new(),
+        regions,
+        code_before,
         control,
         library,
-        timings,
-    })
+        timings: Timings::default(),
+    };
+    if !slots.is_empty() {
+        match bind_hooks(pid, &slots) {
+            Ok(bound) => session.bound = bound,
+            Err(e) => {
+                // The runtime runs with its sleds alone; undone all the same.
+                let _ = session.detach();
+                return Err(e);
+            }
+        }
+    }
+    timings.slots = session.bound.len();
+    timings.total = began.elapsed();
+    session.timings = timings;
+    Ok(session)
+}
+
+/// Points every hook slot at the runtime's hook of its name, with every
+/// thread stopped (a slot is read by calls on any thread); returns each
+/// slot with what it held.
+fn bind_hooks(pid: i32, slots: &[bindings::Slot]) -> Result<Vec<(bindings::Slot, u64)>> {
+    let maps = maps::of(pid)?;
+    let mut hooks = [0u64; 2];
+    for (i, h) in bindings::HOOKS.iter().enumerate() {
+        hooks[i] = symbol_in(&maps, LIBRARY_NAME, h)?;
+    }
+    let mem = Mem::open(pid)?;
+    let _all = Stopped::all(pid)?;
+    let mut bound = Vec::with_capacity(slots.len());
+    for s in slots {
+        let mut was = [0u8; 8];
+        mem.read(s.addr, &mut was)?;
+        mem.write(s.addr, &hooks[s.hook].to_le_bytes())?;
+        bound.push((s.clone(), u64::from_le_bytes(was)));
+    }
+    Ok(bound)
 }
 
 /// The runtime library the process has loaded already, if any: one that
@@ -480,6 +551,10 @@ impl Session {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            // The hook slots first: from here no call reaches a hook.
+            for (slot, was) in &self.bound {
+                mem.write(slot.addr, &was.to_le_bytes())?;
+            }
             // Every site: the runtime's off bytes are a 5-byte NOP of its
             // own, and clang's differ from it. Both forms are one
             // instruction, so no stopped thread can be inside either.
@@ -488,13 +563,48 @@ impl Session {
                     mem.write(s.addr, &s.original)?;
                 }
             }
+            // Then every other byte of code the runtime changed (hook
+            // calls switched off, rewritten argument loads): a thread
+            // stopped inside such a run, between two instructions the
+            // runtime wrote, is stepped out of it first.
+            let runs = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
+            for r in &runs {
+                let end = r.addr + r.file.len() as u64;
+                for (tid, pc) in all.pcs() {
+                    if pc > r.addr && pc < end {
+                        all.step_out(tid, r.addr, end)?;
+                    }
+                }
+                mem.write(r.addr, &r.file)?;
+            }
             let wrong = sleds::differing(&mem, &self.sites)?;
+            let wrong_code = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
+            let mut wrong_slots = 0;
+            for (slot, was) in &self.bound {
+                let mut now = [0u8; 8];
+                mem.read(slot.addr, &mut now)?;
+                wrong_slots += usize::from(u64::from_le_bytes(now) != *was);
+            }
             all.release();
             let all_stopped = t0.elapsed();
             if let Some((addr, found)) = wrong.first() {
                 return Err(AttachError::Other(format!(
                     "{} sites differ from their files after the detach, the first at {addr:#x}: {found:02x?}",
                     wrong.len()
+                )));
+            }
+            if let Some(r) = wrong_code.first() {
+                return Err(AttachError::Other(format!(
+                    "{} runs of code differ from their files after the detach, the first at {:#x}: {:02x?} where the file has {:02x?}",
+                    wrong_code.len(),
+                    r.addr,
+                    r.now,
+                    r.file
+                )));
+            }
+            if wrong_slots > 0 {
+                return Err(AttachError::Other(format!(
+                    "{wrong_slots} hook slots did not take back their values"
                 )));
             }
             if inside {
@@ -505,6 +615,9 @@ impl Session {
             return Ok(Detached {
                 files,
                 sites_checked: self.sites.len(),
+                slots_restored: self.bound.len(),
+                code_restored: runs.len(),
+                code_checked: self.regions.iter().map(|(m, _)| m.end - m.start).sum(),
                 tries,
                 total: began.elapsed(),
                 all_stopped,

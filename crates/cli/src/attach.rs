@@ -129,13 +129,14 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
     .map_err(|e| CliError::Attach(e.to_string()))?;
     let t = &session.timings;
     eprintln!(
-        "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction)",
+        "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction; {} -finstrument-functions hook slots bound)",
         pid,
         t.total.as_secs_f64() * 1e3,
         t.threads,
         t.all_stopped.as_secs_f64() * 1e3,
         t.sites,
-        t.normalised
+        t.normalised,
+        t.slots
     );
     Ok(session)
 }
@@ -147,11 +148,14 @@ pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
     })
     .map_err(|e| CliError::Attach(e.to_string()))?;
     eprintln!(
-        "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files)",
+        "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files; {} hook slots and {} runs of code put back, {} bytes of code checked)",
         pid,
         d.total.as_secs_f64() * 1e3,
         d.all_stopped.as_secs_f64() * 1e3,
-        d.sites_checked
+        d.sites_checked,
+        d.slots_restored,
+        d.code_restored,
+        d.code_checked
     );
     if let Some(first) = d.files.first() {
         let rest: Vec<String> = d.files[1..].iter().map(|p| p.display().to_string()).collect();

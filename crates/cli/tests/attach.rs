@@ -62,29 +62,59 @@ fn maps_have_runtime(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libfastinst.so"))
 }
 
-fn attach_profile_detach(cc: &str) {
-    let dir = scratch(&format!("attach-{cc}"));
+fn attach_profile_detach(cc: &str, flag: &str) {
+    let dir = scratch(&format!("attach-{cc}{flag}"));
     let (plain, inst) = (dir.join("plain"), dir.join("inst"));
     build(cc, &[], &plain);
-    build(cc, &["-fpatchable-function-entry=5"], &inst);
+    build(cc, &[flag], &inst);
+    let sleds = flag.starts_with("-fpatchable");
     // Four threads on however many CPUs, ~3 s.
     let args = ["4", "40000"];
     let (want, want_rc) = finish(spawn(&plain, &args));
     let child = spawn(&inst, &args);
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(300));
+    // What the program's code and hook slots hold before the attach.
+    let maps = fastinst_attach::maps::of(pid as i32).unwrap();
+    let modules = fastinst_attach::maps::modules(&maps);
+    let program: Vec<_> = modules.iter().filter(|m| m.path == inst).cloned().collect();
+    let regions = fastinst_attach::code::regions(&maps, &program);
+    let slots = fastinst_attach::bindings::of_modules(&program).unwrap();
+    let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+    let slot_values = |mem: &fastinst_attach::mem::Mem| -> Vec<u64> {
+        slots
+            .iter()
+            .map(|s| {
+                let mut b = [0u8; 8];
+                mem.read(s.addr, &mut b).unwrap();
+                u64::from_le_bytes(b)
+            })
+            .collect()
+    };
+    let slots_before = slot_values(&mem);
+    assert_eq!(slots.is_empty(), sleds, "hook slots: {slots:?}");
     let out = dir.join("out");
     let (ok, err) = attach_for(pid, "0.7", &out, &dir);
     println!("{err}");
     assert!(ok, "{err}");
     assert!(err.contains("attached to") && err.contains("detached from"), "{err}");
-    // The program still runs: its sleds are its file's bytes again.
+    // The program still runs: its code is its file's bytes again, and its
+    // hook slots hold what they held.
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
     let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
-    assert!(sites.len() >= 4, "{} sites", sites.len());
-    let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+    assert_eq!(sites.len() >= 4, sleds, "{} sites", sites.len());
     let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
     assert!(wrong.is_empty(), "sites differ from the file after detach: {wrong:x?}");
+    let code = fastinst_attach::code::differing(&mem, &regions).unwrap();
+    assert!(code.is_empty(), "code differs from the file after detach: {code:x?}");
+    assert_eq!(slot_values(&mem), slots_before, "hook slots not put back");
+    if !sleds {
+        assert!(err.contains("2 -finstrument-functions hook slots bound"), "{err}");
+        assert!(
+            !err.contains(" 0 runs of code put back"),
+            "no hook call was switched: {err}"
+        );
+    }
     // Nothing of the profiler keeps firing: its CPU sample events closed.
     let events = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -150,12 +180,25 @@ fn a_sleeping_thread_sleeps_its_whole_length_through_an_attach() {
 
 #[test]
 fn gcc_sled_build_is_attached_profiled_and_left_as_it_was() {
-    attach_profile_detach("gcc");
+    attach_profile_detach("gcc", "-fpatchable-function-entry=5");
 }
 
 #[test]
 fn clang_sled_build_is_attached_profiled_and_left_as_it_was() {
-    attach_profile_detach("clang");
+    attach_profile_detach("clang", "-fpatchable-function-entry=5");
+}
+
+/// `-finstrument-functions` builds: their hook calls, bound to the C
+/// library's no-op functions, are bound to the runtime's hooks through
+/// their GOT slots for the attach, and put back after it.
+#[test]
+fn gcc_finstrument_build_is_attached_profiled_and_left_as_it_was() {
+    attach_profile_detach("gcc", "-finstrument-functions");
+}
+
+#[test]
+fn clang_finstrument_build_is_attached_profiled_and_left_as_it_was() {
+    attach_profile_detach("clang", "-finstrument-functions");
 }
 
 /// The `rust_service` example, serving 8,000,000 requests on 4 threads
@@ -419,15 +462,16 @@ fn an_attached_or_preloaded_process_is_refused_with_its_reason() {
     let (_, rc) = finish(child);
     assert_eq!(rc, Some(0));
 
-    let lib = std::path::PathBuf::from(env!("CARGO_BIN_EXE_fastinst"))
-        .parent()
-        .unwrap()
-        .join("libfastinst.so");
-    assert!(
-        lib.exists(),
-        "{} not built (cargo build -p fastinst-preload)",
-        lib.display()
-    );
+    // Where `fastinst run` finds it (`cargo test` refreshes the copy in
+    // deps/, not always the one beside the binary).
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_fastinst")).parent().unwrap();
+    let lib = ["libfastinst.so", "deps/libfastinst.so"]
+        .iter()
+        .map(|n| bin_dir.join(n))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
+        .expect("libfastinst.so built beside the fastinst binary (cargo build -p fastinst-preload)");
     let preloaded = Command::new(&inst)
         .args(["2", "30000"])
         .env("LD_PRELOAD", &lib)

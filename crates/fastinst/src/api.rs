@@ -7,7 +7,7 @@ use crate::probe::{Handler, ProbeId, ProbeMeta};
 use crate::registry::{self, Probe};
 use crate::stats::{self, Stats};
 use crate::toggle::set_code;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 fn probe(id: ProbeId) -> Result<&'static Probe> {
     registry::get(id).ok_or(Error::NoSuchProbe(id))
@@ -42,10 +42,43 @@ pub(crate) fn register(cb: Callback) -> Result<()> {
     })
 }
 
+/// The running tool's discovery (0: none), which [`listen`]'s one kept
+/// callback hands each probe to.
+static LISTENER: AtomicUsize = AtomicUsize::new(0);
+/// Whether that callback is kept.
+static LISTENING: AtomicBool = AtomicBool::new(false);
+
+/// Shows the running tool, through `f`, every probe: those discovered so
+/// far now, each later one at its discovery. The built-in tools share one
+/// kept callback, which hands each probe to the tool listening then, so a
+/// tool started again (an attach after a detach) is not registered twice
+/// and one that stopped ([`unlisten`]) sees no probe.
+pub(crate) fn listen(f: fn(&ProbeMeta)) -> Result<()> {
+    LISTENER.store(f as usize, Ordering::Release);
+    if LISTENING.load(Ordering::Acquire) {
+        replay_discovery(f);
+        return Ok(());
+    }
+    on_discovery(|m| {
+        let f = LISTENER.load(Ordering::Acquire);
+        if f != 0 {
+            // SAFETY: non-zero words are stored from `fn(&ProbeMeta)`s only.
+            let f = unsafe { std::mem::transmute::<usize, fn(&ProbeMeta)>(f) };
+            f(m);
+        }
+    })?;
+    LISTENING.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// No built-in tool sees probes from now (a detach).
+pub(crate) fn unlisten() {
+    LISTENER.store(0, Ordering::Release);
+}
+
 /// Calls `f` with every probe discovered so far, under the discovery lock,
-/// as [`register`] does before it keeps a callback: for a callback kept
-/// already whose tool starts again (`crate::tools::listen`).
-pub(crate) fn replay_discovery(f: fn(&ProbeMeta)) {
+/// as [`register`] does before it keeps a callback.
+fn replay_discovery(f: fn(&ProbeMeta)) {
     with_state(|_| {
         let in_discovery = DiscoveryGuard::enter();
         for p in registry::iter() {

@@ -131,12 +131,12 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
         )));
     }
     if crate::process::started() {
-        // Attached before: the detach put every sled back to its file's
-        // bytes, and this attach normalised them again.
-        let differing = crate::sled::restored_from_files();
+        // Attached before: the detach put every probed byte of code back
+        // to its file's, and this attach normalised the sleds again.
+        let differing = crate::toggle::resync_after_restore();
         if differing > 0 {
             crate::log::warn(format_args!(
-                "{differing} sleds hold neither their code nor their file's bytes; their probes stay off"
+                "{differing} probe sites hold neither their file's bytes nor a form of the runtime's"
             ));
         }
     }

@@ -135,6 +135,8 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
 /// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
 fn detach() -> Result<(), String> {
     crate::process::finish();
+    // No tool switches a probe on from here, not even one discovered now.
+    crate::api::unlisten();
     let sampler_ended = crate::profile::end_for_detach(Duration::from_secs(2));
     let mut failed = 0;
     for p in crate::registry::iter() {

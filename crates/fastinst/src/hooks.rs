@@ -77,12 +77,13 @@ pub(crate) fn cfa(ctx: HookContext) -> Option<u64> {
 /// The hook stubs ([`crate::arch::stubs::hook_stub`]): the unclocked
 /// path and the clocked one, chosen by the clock's flag.
 macro_rules! hook_stub {
-    ($unclocked:path, $clocked:path) => {
+    ($unclocked:path, $clocked:path, $own:literal) => {
         crate::arch::stubs::hook_stub!(
             $unclocked,
             $clocked,
             flag: crate::clock::FASTINST_CLOCKED,
-            end: crate::clock::end_fi
+            end: crate::clock::end_fi,
+            own: $own
         )
     };
 }
@@ -94,7 +95,7 @@ macro_rules! hook_stub {
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    hook_stub!(enter_fast, enter_clocked)
+    hook_stub!(enter_fast, enter_clocked, "fastinst_own_cyg_enter")
 }
 
 /// The exit hook gcc and clang call (`-finstrument-functions`).
@@ -104,14 +105,26 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, ca
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    hook_stub!(exit_fast, exit_clocked)
+    hook_stub!(exit_fast, exit_clocked, "fastinst_own_cyg_exit")
 }
 
-/// The hooks' addresses, as the site recogniser compares them.
+unsafe extern "C" {
+    /// The first instruction of [`__cyg_profile_func_enter`], by a hidden
+    /// name (see `arch::stubs::hook_stub`).
+    fn fastinst_own_cyg_enter();
+    /// The first instruction of [`__cyg_profile_func_exit`], likewise.
+    fn fastinst_own_cyg_exit();
+}
+
+/// The hooks' addresses, as the site recogniser compares them: this
+/// library's own, which the program's calls reach under `LD_PRELOAD` and
+/// through the slots an attach binds. (Taken by their exported names they
+/// would be the C library's in an attached process, and no site would be
+/// recognised.)
 pub(crate) fn hooks() -> Hooks {
     Hooks {
-        enter: __cyg_profile_func_enter as *const () as u64,
-        exit: __cyg_profile_func_exit as *const () as u64,
+        enter: fastinst_own_cyg_enter as *const () as u64,
+        exit: fastinst_own_cyg_exit as *const () as u64,
     }
 }
 

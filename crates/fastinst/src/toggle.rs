@@ -99,6 +99,33 @@ fn word_toggle(p: &Probe, site: &CallSite, on: bool, s: Strategy) -> Result<()> 
     word_patch(p, site, new, old, s == Strategy::WordAsync)
 }
 
+/// For an attach after a detach, before any probe is switched: the detach
+/// put every probed byte of code back to its file's, and the attach
+/// normalised the sleds again, so each probe's recorded state is made its
+/// code's again. A sled holds its starting NOP ([`Sled::restored`]); a
+/// `-finstrument-functions` call site holds its call, on, as the compiler
+/// emitted it. Returns the sites that hold neither (left as recorded;
+/// switching them fails with the bytes found).
+pub(crate) fn resync_after_restore() -> usize {
+    let mut differing = 0;
+    for p in registry::iter() {
+        let _g = p.lock();
+        let restored = match &p.site {
+            Site::Sled(sled) if matches!(p.meta.kind, ProbeKind::Entry | ProbeKind::Point) => sled.restored(),
+            Site::Sled(_) | Site::Unrecognised => true,
+            Site::Call(site) => {
+                let on = site.current() == site.on();
+                if on {
+                    p.state.store(ON, Ordering::Relaxed);
+                }
+                on
+            }
+        };
+        differing += usize::from(!restored);
+    }
+    differing
+}
+
 /// Switches sled probe `p` on or off; the sled's code follows "either probe
 /// on". The caller holds `p`'s lock. Not inlined, like [`word_toggle`]:
 /// its frame would be every call site's toggle's.

@@ -51,50 +51,28 @@ extern "C" fn count_handler(id: ProbeId) {
 /// as a new generation, the counts from zero.
 pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     match tool {
-        // It listens itself, once its tables are ready.
         Tool::Profile => crate::profile::install(out.to_path_buf()),
         Tool::Trace => crate::trace::install(out, crate::env::inlined_from_env()),
-        Tool::None => Ok(()),
-        Tool::Off => listen(),
+        Tool::None => {
+            crate::api::unlisten();
+            Ok(())
+        }
+        Tool::Off => crate::api::listen(off_discovered),
         Tool::Count => {
             COUNT_INLINED.store(crate::env::inlined_from_env(), Ordering::Relaxed);
             reset_counts();
-            listen()
+            crate::api::listen(|m| count_discovered(m, COUNT_INLINED.load(Ordering::Relaxed)))
         }
     }
 }
 
-/// Whether the tools' discovery callback is registered.
-static LISTENING: AtomicBool = AtomicBool::new(false);
 /// The count tool's `FASTINST_INLINED`.
 static COUNT_INLINED: AtomicBool = AtomicBool::new(false);
 
-/// Shows the running tool every probe: those discovered so far now, each
-/// later one at its discovery. The tools share one callback, registered
-/// once, which hands each probe to the tool running then
-/// ([`crate::process`]'s tool), so a tool started again (an attach after a
-/// detach) is not registered twice, and a tool that stopped sees no probe.
-pub(crate) fn listen() -> crate::Result<()> {
-    if LISTENING.load(Ordering::Acquire) {
-        crate::api::replay_discovery(discovered);
-        return Ok(());
-    }
-    crate::on_discovery(discovered)?;
-    LISTENING.store(true, Ordering::Release);
-    Ok(())
-}
-
-fn discovered(m: &crate::ProbeMeta) {
-    match crate::process::tool() {
-        Tool::Profile => crate::profile::discovered(m),
-        Tool::Trace => crate::trace::discovered(m),
-        Tool::Count => count_discovered(m, COUNT_INLINED.load(Ordering::Relaxed)),
-        Tool::Off => {
-            if let Err(e) = crate::deactivate(m.id) {
-                crate::log::warn(format_args!("off: probe {}: {e}", m.id));
-            }
-        }
-        Tool::None => {}
+/// The off tool's discovery: every probe off.
+fn off_discovered(m: &crate::ProbeMeta) {
+    if let Err(e) = crate::deactivate(m.id) {
+        crate::log::warn(format_args!("off: probe {}: {e}", m.id));
     }
 }
 

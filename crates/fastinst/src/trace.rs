@@ -162,11 +162,12 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         ));
     }
     crate::hookcost::start_clock();
-    crate::tools::listen()
+    crate::api::listen(discovered)
 }
 
-/// The tracer's discovery (`crate::tools::listen` calls it while tracing).
-pub(crate) fn discovered(m: &ProbeMeta) {
+/// The tracer's discovery (`crate::api::listen` hands it each probe while
+/// it traces).
+fn discovered(m: &ProbeMeta) {
     let Some(t) = get() else { return };
     // Points are no function's: they stay off (as they start).
     if !crate::filter::admit(m) || m.kind == crate::probe::ProbeKind::Point {

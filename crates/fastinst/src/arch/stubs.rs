@@ -32,8 +32,15 @@ pub(crate) use tsc_stamp;
 /// `$unclocked` and `$clocked` are the two paths, `$flag` the byte that
 /// says which to take, `$end` the clock's end of a hook.
 macro_rules! hook_stub {
-    ($unclocked:path, $clocked:path, flag: $flag:path, end: $end:path) => {
+    ($unclocked:path, $clocked:path, flag: $flag:path, end: $end:path, own: $own:literal) => {
         core::arch::naked_asm!(
+            // A hidden name for the stub's own address: the exported one is
+            // resolved through the global scope, where in a process the
+            // library was `dlopen`ed into (an attach) the C library's
+            // function of the same name comes first.
+            concat!(".globl ", $own),
+            concat!(".hidden ", $own),
+            concat!($own, ":"),
             "cmp byte ptr [rip + {clocked}], 0",
             "jne 2f",
             "mov rdx, [rsp]",

@@ -84,9 +84,9 @@ use thread::Agg;
 use wordpatch::tsc;
 
 /// The profiler's discovery: a function per entry address, both probes on
-/// with the profiler's handlers (`crate::tools::listen` calls it while the
-/// profiler is the tool). A stopped profiler switches nothing on.
-pub(crate) fn discovered(m: &ProbeMeta) {
+/// with the profiler's handlers (`crate::api::listen` hands it each probe
+/// while the profiler runs). A stopped profiler switches nothing on.
+fn discovered(m: &ProbeMeta) {
     let Some(p) = get().filter(|p| !p.stop.load(Ordering::Acquire)) else {
         return;
     };
@@ -263,7 +263,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         cpusample::reset();
         cpusample::start();
     }
-    crate::tools::listen()?;
+    crate::api::listen(discovered)?;
     start_sampler();
     if signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.

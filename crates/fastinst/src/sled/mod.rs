@@ -635,25 +635,6 @@ pub fn watch() {
     spawn_watcher();
 }
 
-/// Every sled's state made its code's again after the process's code was
-/// restored from its files ([`site::Sled::restored`]): before an attach
-/// after a detach switches any probe on. Returns the sleds that hold
-/// something else (left as they are; their probes fail to switch on, each
-/// with its error).
-pub(crate) fn restored_from_files() -> usize {
-    let mut differing = 0;
-    for p in crate::registry::iter() {
-        if let (crate::registry::Site::Sled(sled), crate::probe::ProbeKind::Entry | crate::probe::ProbeKind::Point) =
-            (&p.site, p.meta.kind)
-        {
-            if !sled.restored() {
-                differing += 1;
-            }
-        }
-    }
-    differing
-}
-
 /// Starts the watcher ([`watch`]) when the program first calls `dlopen`
 /// or `dlmopen` (the preload library interposes both), not before: most
 /// programs never load a library, and a thread, even one that only

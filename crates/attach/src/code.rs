@@ -1,0 +1,171 @@
+//! The executable bytes of a process's probed modules beside their files':
+//! what an attach finds changed already, and what a detach puts back.
+//!
+//! The runtime changes a probed module's code in place: its sleds, its
+//! `-finstrument-functions` hook calls (switched off to NOPs or jumps),
+//! and loads of a hook's argument it rewrote. A detach puts every such
+//! byte back from the file, then checks them all. Bytes that already
+//! differed from the file before the attach (another tool's, or the
+//! program's own) are left as they were found. A module with text
+//! relocations, whose code differs from its file by design, is not
+//! compared.
+
+use crate::error::{AttachError, Result};
+use crate::maps::{Mapping, Module};
+use crate::mem::Mem;
+use goblin::elf::dynamic::{DF_TEXTREL, DT_TEXTREL};
+use goblin::elf::Elf;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Differing runs closer than this are one run: what the runtime writes
+/// is whole instructions, seldom more than a few bytes apart.
+const JOIN: u64 = 16;
+
+/// One run of code bytes that differs from the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Its first byte in the process.
+    pub addr: u64,
+    /// The file's bytes there.
+    pub file: Vec<u8>,
+    /// The process's bytes there when it was read.
+    pub now: Vec<u8>,
+}
+
+/// The executable mappings of `modules` (those of files without text
+/// relocations), with each one's file.
+pub fn regions(maps: &[Mapping], modules: &[Module]) -> Vec<(Mapping, PathBuf)> {
+    let mut files: HashMap<&str, bool> = HashMap::new();
+    let mut out = Vec::new();
+    for m in maps.iter().filter(|m| m.exec() && m.private()) {
+        if !modules.iter().any(|md| md.path.as_os_str() == m.path.as_str()) {
+            continue;
+        }
+        let plain = *files
+            .entry(m.path.as_str())
+            .or_insert_with(|| std::fs::read(&m.path).is_ok_and(|b| Elf::parse(&b).is_ok_and(|e| !has_textrel(&e))));
+        if plain {
+            out.push((m.clone(), PathBuf::from(&m.path)));
+        }
+    }
+    out
+}
+
+fn has_textrel(elf: &Elf) -> bool {
+    elf.dynamic
+        .as_ref()
+        .is_some_and(|d| d.dyns.iter().any(|e| e.d_tag == DT_TEXTREL) || d.info.flags & DF_TEXTREL != 0)
+}
+
+/// The runs of `regions` whose bytes in the process differ from the file.
+pub fn differing(mem: &Mem, regions: &[(Mapping, PathBuf)]) -> Result<Vec<Run>> {
+    let mut out = Vec::new();
+    for (m, path) in regions {
+        let file = std::fs::read(path).map_err(AttachError::io(path.display().to_string()))?;
+        let start = (m.offset as usize).min(file.len());
+        let end = (m.offset as usize + (m.end - m.start) as usize).min(file.len());
+        let want = &file[start..end];
+        let mut now = vec![0u8; want.len()];
+        mem.read(m.start, &mut now)?;
+        out.extend(runs(m.start, want, &now));
+    }
+    Ok(out)
+}
+
+/// The differing runs of `want` (the file) and `now` (the process), read
+/// at `base`.
+fn runs(base: u64, want: &[u8], now: &[u8]) -> Vec<Run> {
+    let mut out: Vec<Run> = Vec::new();
+    let mut i = 0;
+    while i < want.len() {
+        if want[i] == now[i] {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < want.len()
+            && (want[j] != now[j] || (j + 1..want.len().min(j + JOIN as usize)).any(|k| want[k] != now[k]))
+        {
+            j += 1;
+        }
+        out.push(Run {
+            addr: base + i as u64,
+            file: want[i..j].to_vec(),
+            now: now[i..j].to_vec(),
+        });
+        i = j;
+    }
+    out
+}
+
+/// The runs of `now` that were not there, as they were, at the attach
+/// (`before`): the runtime's.
+pub fn new_since(before: &[Run], now: Vec<Run>) -> Vec<Run> {
+    now.into_iter()
+        .filter(|r| {
+            !before.iter().any(|b| {
+                b.addr <= r.addr && r.addr + r.file.len() as u64 <= b.addr + b.file.len() as u64 && {
+                    let o = (r.addr - b.addr) as usize;
+                    b.now[o..o + r.now.len()] == r.now[..]
+                }
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_near_differences_and_keep_both_sides() {
+        let want = [
+            1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28,
+            29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
+        ];
+        let mut now = want;
+        now[2] = 0x90;
+        now[5] = 0x90;
+        now[35] = 0xcc;
+        let r = runs(0x1000, &want, &now);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(
+            (r[0].addr, r[0].file.as_slice(), r[0].now.as_slice()),
+            (0x1002, &[3u8, 4, 5, 6][..], &[0x90u8, 4, 5, 0x90][..])
+        );
+        assert_eq!(
+            (r[1].addr, r[1].file.as_slice(), r[1].now.as_slice()),
+            (0x1000 + 35, &[36u8][..], &[0xccu8][..])
+        );
+        assert!(runs(0, &want, &want).is_empty());
+    }
+
+    #[test]
+    fn runs_found_at_the_attach_are_not_the_runtime_s() {
+        let before = vec![Run {
+            addr: 0x100,
+            file: vec![1, 2, 3],
+            now: vec![9, 9, 9],
+        }];
+        let same = Run {
+            addr: 0x101,
+            file: vec![2],
+            now: vec![9],
+        };
+        let changed = Run {
+            addr: 0x101,
+            file: vec![2],
+            now: vec![8],
+        };
+        let elsewhere = Run {
+            addr: 0x200,
+            file: vec![2],
+            now: vec![9],
+        };
+        assert_eq!(
+            new_since(&before, vec![same, changed.clone(), elsewhere.clone()]),
+            vec![changed, elsewhere]
+        );
+    }
+}
