@@ -50,20 +50,30 @@ fn program() -> String {
         write!(c, "f{i},").unwrap();
     }
     c.push_str(
-        "};\nstatic volatile int stop;\n\
+        "};\nstatic volatile int stop;\nstatic volatile unsigned sink;\n\
          static void *worker(void *a) {\n\
            unsigned acc = (unsigned)(long)a;\n\
-           while (!stop) for (unsigned i = 0; i < sizeof table / sizeof *table; i++) acc = table[i](acc);\n\
-           return (void *)(long)acc;\n\
+           unsigned long passes = 0;\n\
+           while (!stop) { for (unsigned i = 0; i < sizeof table / sizeof *table; i++) acc = table[i](acc); passes++; }\n\
+           sink = acc;\n\
+           return (void *)passes;\n\
          }\n\
-         int main(int argc, char **argv) {\n\
-           double s = argc > 1 ? atof(argv[1]) : 2.0;\n\
-           pthread_t t[4];\n\
-           for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
+         static void nap(double s) {\n\
            struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};\n\
            nanosleep(&ts, NULL);\n\
+         }\n\
+         /* argv: seconds of work, then seconds idle before and after it. */\n\
+         int main(int argc, char **argv) {\n\
+           double s = argc > 1 ? atof(argv[1]) : 2.0;\n\
+           nap(argc > 2 ? atof(argv[2]) : 0.0);\n\
+           pthread_t t[4];\n\
+           for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
+           nap(s);\n\
            stop = 1;\n\
-           for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);\n\
+           unsigned long passes = 0;\n\
+           for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); passes += (unsigned long)r; }\n\
+           nap(argc > 3 ? atof(argv[3]) : 0.0);\n\
+           fprintf(stderr, \"passes %lu\\n\", passes);\n\
            printf(\"done\\n\");\n\
            return 0;\n\
          }\n",
@@ -148,7 +158,12 @@ fn measure_uprobes(bin: &Path, offs: &[u64]) -> Option<(f64, f64, f64)> {
         tracefs_write("uprobe_events", &format!("p:{GROUP}/f{i} {}:{off:#x}\n", bin.display())).ok()?;
     }
     let define = t.elapsed().as_secs_f64() * 1e3;
-    let child = Command::new(bin).arg("2").stdout(Stdio::piped()).spawn().unwrap();
+    let child = Command::new(bin)
+        .arg("2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let enable_file = format!("events/{GROUP}/enable");
     let t = std::time::Instant::now();
@@ -161,6 +176,69 @@ fn measure_uprobes(bin: &Path, offs: &[u64]) -> Option<(f64, f64, f64)> {
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "the program under uprobes failed");
     (on.is_ok() && off.is_ok()).then_some((define, enable, disable))
+}
+
+/// Seconds of work in each overhead run, and idle before and after it.
+const WORK: [&str; 3] = ["2", "0.6", "2"];
+/// Overhead runs of each kind.
+const REPS: usize = 3;
+
+/// The passes over the table the program's run made (its stderr).
+fn passes(stderr: &[u8]) -> f64 {
+    let text = String::from_utf8_lossy(stderr);
+    text.lines()
+        .find_map(|l| l.strip_prefix("passes "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no passes line in:\n{text}"))
+}
+
+/// The profiler's overhead on the program's work, plain against profiled
+/// under `LD_PRELOAD` (`fastinst run`) and attached, in alternation: the
+/// program works `WORK[0]` s between idle stretches, so that the attach
+/// (during the first) and the detach (during the last) fall outside the
+/// work, and both profiled runs profile all of it. Returns the passes of
+/// each kind.
+fn overhead(bin: &Path, out: &Path) -> [Vec<f64>; 3] {
+    let mut r: [Vec<f64>; 3] = Default::default();
+    for rep in 0..REPS {
+        let o = Command::new(bin).args(WORK).stdout(Stdio::null()).output().unwrap();
+        r[0].push(passes(&o.stderr));
+        let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+            .args(["run", "--out"])
+            .arg(out.join(format!("preload{rep}")))
+            .arg("--")
+            .arg(bin)
+            .args(WORK)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        r[1].push(passes(&o.stderr));
+        let child = Command::new(bin)
+            .args(WORK)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let a = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+            .args(["attach", "--duration", "2.6", "--out"])
+            .arg(out.join(format!("attached{rep}")))
+            .arg(child.id().to_string())
+            .output()
+            .unwrap();
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+        let attached = String::from_utf8_lossy(&a.stderr);
+        let took = attached
+            .lines()
+            .find(|l| l.contains("attached to"))
+            .and_then(|l| after(l, " in "))
+            .unwrap();
+        assert!(took < 500.0, "the attach ({took} ms) ran into the work");
+        let o = child.wait_with_output().unwrap();
+        r[2].push(passes(&o.stderr));
+    }
+    r
 }
 
 fn main() {
@@ -181,7 +259,12 @@ fn main() {
     let mut rss_growth = vec![];
     let mut sites = 0.0;
     for run in 0..RUNS {
-        let child = Command::new(&bin).arg("8").stdout(Stdio::piped()).spawn().unwrap();
+        let child = Command::new(&bin)
+            .arg("8")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         // Its threads are running the sites when the attach comes.
         std::thread::sleep(Duration::from_millis(300));
         let mut rss = vec![];
@@ -240,6 +323,27 @@ fn main() {
         "\nresident memory after each detach, growth from the last: {} MB (median | p90): the idle profiler each attach after the first leaves",
         stats(rss_growth)
     );
+    let [plain, preload, attached] = overhead(&bin, &out);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(plain.clone());
+    println!(
+        "\nprofiler overhead on {} s of the program's work, {REPS} runs each, alternated (passes over the table; median):\n",
+        WORK[0]
+    );
+    println!("| run | passes (each run) | median | vs plain |");
+    println!("|---|---|---|---|");
+    for (name, v) in [
+        ("plain", plain),
+        ("profiled under LD_PRELOAD (`fastinst run`)", preload),
+        ("profiled attached (`fastinst attach`)", attached),
+    ] {
+        let m = median(v.clone());
+        let each: Vec<String> = v.iter().map(|p| format!("{p:.0}")).collect();
+        println!("| {name} | {} | {m:.0} | {:.3}x |", each.join(", "), m / base);
+    }
     match uprobes(&bin) {
         Some(ms) => {
             println!("\nuprobes on {UPROBES} of the same functions, one run (ms in all, and us a probe):\n");
