@@ -10,13 +10,12 @@
 //! relocations, whose code differs from its file by design, is not
 //! compared.
 
-use crate::error::{AttachError, Result};
+use crate::error::Result;
 use crate::maps::{Mapping, Module};
 use crate::mem::Mem;
 use goblin::elf::dynamic::{DF_TEXTREL, DT_TEXTREL};
 use goblin::elf::Elf;
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 /// Differing runs closer than this are one run: what the runtime writes
 /// is whole instructions, seldom more than a few bytes apart.
@@ -33,20 +32,37 @@ pub struct Run {
     pub now: Vec<u8>,
 }
 
+/// An executable mapping of a probed module, with its file's bytes there.
+#[derive(Clone, Debug)]
+pub struct Region {
+    /// The mapping.
+    pub mapping: Mapping,
+    /// The file's bytes it maps (read once, at the attach: not while every
+    /// thread stands stopped).
+    pub file: Vec<u8>,
+}
+
 /// The executable mappings of `modules` (those of files without text
-/// relocations), with each one's file.
-pub fn regions(maps: &[Mapping], modules: &[Module]) -> Vec<(Mapping, PathBuf)> {
-    let mut files: HashMap<&str, bool> = HashMap::new();
+/// relocations), each with its file's bytes.
+pub fn regions(maps: &[Mapping], modules: &[Module]) -> Vec<Region> {
+    let mut files: HashMap<&str, Option<Vec<u8>>> = HashMap::new();
     let mut out = Vec::new();
     for m in maps.iter().filter(|m| m.exec() && m.private()) {
         if !modules.iter().any(|md| md.path.as_os_str() == m.path.as_str()) {
             continue;
         }
-        let plain = *files
-            .entry(m.path.as_str())
-            .or_insert_with(|| std::fs::read(&m.path).is_ok_and(|b| Elf::parse(&b).is_ok_and(|e| !has_textrel(&e))));
-        if plain {
-            out.push((m.clone(), PathBuf::from(&m.path)));
+        let file = files.entry(m.path.as_str()).or_insert_with(|| {
+            std::fs::read(&m.path)
+                .ok()
+                .filter(|b| Elf::parse(b).is_ok_and(|e| !has_textrel(&e)))
+        });
+        if let Some(bytes) = file {
+            let start = (m.offset as usize).min(bytes.len());
+            let end = (m.offset as usize + (m.end - m.start) as usize).min(bytes.len());
+            out.push(Region {
+                mapping: m.clone(),
+                file: bytes[start..end].to_vec(),
+            });
         }
     }
     out
@@ -59,16 +75,13 @@ fn has_textrel(elf: &Elf) -> bool {
 }
 
 /// The runs of `regions` whose bytes in the process differ from the file.
-pub fn differing(mem: &Mem, regions: &[(Mapping, PathBuf)]) -> Result<Vec<Run>> {
+pub fn differing(mem: &Mem, regions: &[Region]) -> Result<Vec<Run>> {
     let mut out = Vec::new();
-    for (m, path) in regions {
-        let file = std::fs::read(path).map_err(AttachError::io(path.display().to_string()))?;
-        let start = (m.offset as usize).min(file.len());
-        let end = (m.offset as usize + (m.end - m.start) as usize).min(file.len());
-        let want = &file[start..end];
-        let mut now = vec![0u8; want.len()];
-        mem.read(m.start, &mut now)?;
-        out.extend(runs(m.start, want, &now));
+    let mut now = Vec::new();
+    for r in regions {
+        now.resize(r.file.len(), 0);
+        mem.read(r.mapping.start, &mut now)?;
+        out.extend(runs(r.mapping.start, &r.file, &now));
     }
     Ok(out)
 }

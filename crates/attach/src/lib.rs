@@ -91,7 +91,7 @@ pub struct Session {
     bound: Vec<(bindings::Slot, u64)>,
     /// The probed modules' code, and what of it differed from the files
     /// before the attach.
-    regions: Vec<(maps::Mapping, PathBuf)>,
+    regions: Vec<code::Region>,
     code_before: Vec<code::Run>,
     control: PathBuf,
     library: PathBuf,
@@ -405,10 +405,13 @@ fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Resu
                 all.step_out(tid, s.addr, s.addr + providers::patchable::SLED_LEN as u64)?;
             }
         }
-        for s in sites.iter().filter(|s| s.needs_normalising()) {
-            mem.write(s.addr, &providers::patchable::NORMALISED)?;
-            timings.normalised += 1;
-        }
+        let normalise: Vec<_> = sites
+            .iter()
+            .filter(|s| s.needs_normalising())
+            .map(|s| (s.addr, providers::patchable::NORMALISED))
+            .collect();
+        sleds::write_all(&mem, &normalise)?;
+        timings.normalised = normalise.len();
         let held = all.release_except(borrow);
         break (held, t0.elapsed());
     };
@@ -419,9 +422,12 @@ fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Resu
     if let Err(e) = result {
         // Leave the process as it was: the sleds' bytes back.
         if let Ok(mut all) = Stopped::all(pid) {
-            for s in sites.iter().filter(|s| s.needs_normalising()) {
-                let _ = mem.write(s.addr, &s.original);
-            }
+            let back: Vec<_> = sites
+                .iter()
+                .filter(|s| s.needs_normalising())
+                .map(|s| (s.addr, s.original))
+                .collect();
+            let _ = sleds::write_all(&mem, &back);
             all.release();
         }
         return Err(e);
@@ -558,11 +564,13 @@ impl Session {
             // Every site: the runtime's off bytes are a 5-byte NOP of its
             // own, and clang's differ from it. Both forms are one
             // instruction, so no stopped thread can be inside either.
-            for (addr, _) in sleds::differing(&mem, &self.sites)? {
-                if let Some(s) = self.sites.iter().find(|s| s.addr == addr) {
-                    mem.write(s.addr, &s.original)?;
-                }
-            }
+            let originals: std::collections::HashMap<u64, [u8; providers::patchable::SLED_LEN]> =
+                self.sites.iter().map(|s| (s.addr, s.original)).collect();
+            let back: Vec<_> = sleds::differing(&mem, &self.sites)?
+                .into_iter()
+                .map(|(addr, _)| (addr, originals[&addr]))
+                .collect();
+            sleds::write_all(&mem, &back)?;
             // Then every other byte of code the runtime changed (hook
             // calls switched off, rewritten argument loads): a thread
             // stopped inside such a run, between two instructions the
@@ -617,7 +625,7 @@ impl Session {
                 sites_checked: self.sites.len(),
                 slots_restored: self.bound.len(),
                 code_restored: runs.len(),
-                code_checked: self.regions.iter().map(|(m, _)| m.end - m.start).sum(),
+                code_checked: self.regions.iter().map(|r| r.file.len() as u64).sum(),
                 tries,
                 total: began.elapsed(),
                 all_stopped,
