@@ -7,6 +7,16 @@ use crate::{library, run};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// `eprintln!` that cannot panic: with stderr closed (a pipe whose reader
+/// went), `eprintln!` panics, and a panic between the attach and the
+/// detach would leave the process attached.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 /// Usage text.
 pub const USAGE: &str = "\
 usage: fastinst attach [options] PID
@@ -128,7 +138,7 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
     })
     .map_err(|e| CliError::Attach(e.to_string()))?;
     let t = &session.timings;
-    eprintln!(
+    say!(
         "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction; {} -finstrument-functions hook slots bound)",
         pid,
         t.total.as_secs_f64() * 1e3,
@@ -147,7 +157,7 @@ pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
         session.detach()
     })
     .map_err(|e| CliError::Attach(e.to_string()))?;
-    eprintln!(
+    say!(
         "fastinst: detached from {} in {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files; {} hook slots and {} runs of code put back, {} bytes of code checked)",
         pid,
         d.total.as_secs_f64() * 1e3,
@@ -159,7 +169,7 @@ pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
     );
     if let Some(first) = d.files.first() {
         let rest: Vec<String> = d.files[1..].iter().map(|p| p.display().to_string()).collect();
-        eprintln!(
+        say!(
             "fastinst: reports written to {} (also {})",
             first.display(),
             rest.join(", ")
@@ -175,7 +185,7 @@ pub fn run(a: &AttachArgs) -> Result<()> {
     let began = Instant::now();
     while !interrupted() && a.duration.is_none_or(|d| began.elapsed() < d) {
         if !alive(a.pid) {
-            eprintln!(
+            say!(
                 "fastinst: process {} exited while attached; its reports were written at its exit",
                 a.pid
             );
