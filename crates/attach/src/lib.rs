@@ -114,7 +114,11 @@ pub struct Detached {
     pub code_checked: u64,
     /// Times all threads were stopped before none was inside the library.
     pub tries: usize,
-    /// From the request to letting go.
+    /// From the request to letting go of the threads, the code put back:
+    /// the program runs as before from here, while the reports are written.
+    pub released: Duration,
+    /// From the request to the reports written and the runtime's last
+    /// thread gone.
     pub total: Duration,
     /// Of it, all threads stopped (the last try).
     pub all_stopped: Duration,
@@ -510,9 +514,11 @@ pub fn control(path: &Path, command: &str) -> Result<String> {
     s.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(AttachError::io(what.clone()))?;
     writeln!(s, "{command}").map_err(AttachError::io(what.clone()))?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).map_err(AttachError::io(what))?;
-    Ok(line.trim_end().to_string())
+    // Every line until the runtime closes the connection (`detach`
+    // answers twice).
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut BufReader::new(&s), &mut text).map_err(AttachError::io(what))?;
+    Ok(text.trim_end().to_string())
 }
 
 impl Session {
@@ -535,10 +541,24 @@ impl Session {
     /// gets its file's bytes back, with no thread inside the library.
     pub fn detach(self) -> Result<Detached> {
         let began = Instant::now();
-        let answer = self.command("detach")?;
-        let files = match answer.strip_prefix("ok") {
-            Some(rest) => rest.split_whitespace().map(PathBuf::from).collect(),
-            None => return Err(AttachError::Other(format!("the runtime did not detach: {answer}"))),
+        let what = format!("control socket {}", self.control.display());
+        let conn = UnixStream::connect(&self.control).map_err(AttachError::io(what.clone()))?;
+        conn.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(AttachError::io(what.clone()))?;
+        writeln!(&conn, "detach").map_err(AttachError::io(what.clone()))?;
+        let mut answers = BufReader::new(&conn);
+        let mut line = String::new();
+        answers.read_line(&mut line).map_err(AttachError::io(what.clone()))?;
+        // The runtime's thread that goes on to write the reports: inside
+        // the library while the code is put back, and allowed to be.
+        let writer: i32 = match line.trim().strip_prefix("ok off ").and_then(|t| t.parse().ok()) {
+            Some(tid) => tid,
+            None => {
+                return Err(AttachError::Other(format!(
+                    "the runtime did not detach: {}",
+                    line.trim()
+                )))
+            }
         };
         let mem = Mem::open(self.pid)?;
         let mut tries = 0;
@@ -551,7 +571,10 @@ impl Session {
                 .iter()
                 .filter(|m| m.exec() && (Path::new(&m.path) == self.library || m.path.ends_with(LIBRARY_NAME)))
                 .collect();
-            let inside = all.pcs().iter().any(|(_, pc)| lib.iter().any(|m| m.contains(*pc)));
+            let inside = all
+                .pcs()
+                .iter()
+                .any(|(tid, pc)| tid.as_raw() != writer && lib.iter().any(|m| m.contains(*pc)));
             if inside && tries < 1000 {
                 all.release();
                 std::thread::sleep(Duration::from_millis(1));
@@ -620,8 +643,28 @@ impl Session {
                     "a thread stayed inside the runtime's code for 1 s; the sleds were restored all the same".into(),
                 ));
             }
+            let released = began.elapsed();
+            // The reports, written while the program runs on.
+            line.clear();
+            answers.read_line(&mut line).map_err(AttachError::io(what))?;
+            let files = match line.trim().strip_prefix("ok") {
+                Some(rest) => rest.split_whitespace().map(PathBuf::from).collect(),
+                None => return Err(AttachError::Other(format!("the runtime's reports: {}", line.trim()))),
+            };
+            // Its thread leaves the library for good once it has answered.
+            let task = PathBuf::from(format!("/proc/{}/task/{writer}", self.pid));
+            let until = Instant::now() + Duration::from_secs(5);
+            while task.exists() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if task.exists() {
+                return Err(AttachError::Other(format!(
+                    "the runtime's control thread {writer} did not end after the reports"
+                )));
+            }
             return Ok(Detached {
                 files,
+                released,
                 sites_checked: self.sites.len(),
                 slots_restored: self.bound.len(),
                 code_restored: runs.len(),

@@ -254,8 +254,9 @@ fn main() {
         .arg(&bin)
         .status();
     assert!(st.is_ok_and(|s| s.success()), "gcc failed (is gcc installed?)");
-    // Per kind (0: first attach, 1: again): attach, its stop, detach, its stop.
-    let mut t: [[Vec<f64>; 4]; 2] = Default::default();
+    // Per kind (0: first attach, 1: again): attach, its stop, detach until
+    // released, its stop, detach until the reports are written.
+    let mut t: [[Vec<f64>; 5]; 2] = Default::default();
     let mut rss_growth = vec![];
     let mut sites = 0.0;
     for run in 0..RUNS {
@@ -284,8 +285,9 @@ fn main() {
             k[0].push(after(attached, " in ").unwrap());
             k[1].push(after(attached, "stopped for ").unwrap());
             sites = after(attached, "ms; ").unwrap();
-            k[2].push(after(detached, " in ").unwrap());
+            k[2].push(after(detached, "released after ").unwrap());
             k[3].push(after(detached, "threads stopped ").unwrap());
+            k[4].push(after(detached, " in ").unwrap());
             let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
             // kB.
             rss.push(
@@ -311,8 +313,9 @@ fn main() {
     for (i, step) in [
         "attach, until the runtime runs with its probes armed",
         "of it, every thread stopped",
-        "detach: reports written, probes off, sites checked",
+        "detach: probes off, code put back and checked, the process released",
         "of it, every thread stopped",
+        "detach, until the reports are written (the process running meanwhile)",
     ]
     .iter()
     .enumerate()

@@ -8,9 +8,10 @@
 //! - `set KEY=VALUE ...`: changes the profiler's sampling settings from
 //!   its next epoch (`samples`, `windows`, `epoch-ms`; all or none), `ok`
 //!   and the settings as they now stand;
-//! - `detach` (attached runs only): the tool stops and writes its
-//!   reports, every probe goes off, the sampler thread ends; `ok <files>`,
-//!   and the socket goes.
+//! - `detach` (attached runs only), two lines: the sampler thread ends and
+//!   every probe goes off, `ok off <tid>` (the thread answering, which
+//!   goes on to write the reports); then the tool writes its reports,
+//!   `ok <files>`, and the socket goes.
 //!
 //! An attached runtime serves it from [`crate::attach::start`]; a preloaded
 //! one when its environment names a socket in `FASTINST_CONTROL` (what
@@ -109,10 +110,30 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
             set if set == "set" || set.starts_with("set ") => {
                 ("error only the profiler has settings to change".to_string(), false)
             }
-            "detach" if attached => match detach() {
-                Ok(()) => (format!("ok {}", take_written()), true),
-                Err(e) => (format!("error {e}"), true),
-            },
+            "detach" if attached => {
+                // Two lines: the first once the tool has stopped and every
+                // probe is off (the command puts the code back meanwhile,
+                // and the program runs as before while the reports are
+                // written), the second with the reports' files.
+                let off = switch_off();
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
+                let first = match &off {
+                    Ok(()) => format!("ok off {tid}"),
+                    Err(e) => format!("error {e}"),
+                };
+                let _ = writeln!(conn, "{first}");
+                let _ = conn.flush();
+                crate::process::finish();
+                crate::attached::set(false);
+                (
+                    match off {
+                        Ok(()) => format!("ok {}", take_written()),
+                        Err(e) => format!("error {e}"),
+                    },
+                    true,
+                )
+            }
             "detach" => (
                 "error not attached: the program was started under the runtime".to_string(),
                 false,
@@ -130,21 +151,20 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
     let _ = std::fs::remove_file(path);
 }
 
-/// Ends the attached run: the tool writes its reports as at exit, its
-/// sampler thread ends, and every probe goes off (a sled back to its
-/// 5-byte NOP; `fastinst attach` then puts the file's bytes back).
-fn detach() -> Result<(), String> {
-    crate::process::finish();
-    // No tool switches a probe on from here, not even one discovered now.
-    crate::api::unlisten();
+/// Ends the attached run, all but its reports: the sampler thread ends,
+/// every CPU sample event closes, no tool sees a probe again and every
+/// probe goes off (a sled back to its 5-byte NOP; `fastinst attach` then
+/// puts the file's bytes back). The reports are written next, from what
+/// was gathered.
+fn switch_off() -> Result<(), String> {
     let sampler_ended = crate::profile::end_for_detach(Duration::from_secs(2));
+    crate::api::unlisten();
     let mut failed = 0;
     for p in crate::registry::iter() {
         if crate::deactivate(p.meta.id).is_err() {
             failed += 1;
         }
     }
-    crate::attached::set(false);
     if !sampler_ended {
         return Err("the sampler thread did not end within 2 s".into());
     }

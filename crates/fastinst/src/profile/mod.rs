@@ -285,12 +285,13 @@ pub(crate) fn set_settings(words: &str) -> Result<String, String> {
     p.live.set(words)
 }
 
-/// For a detach ([`crate::attach`]), once the reports were written
-/// ([`write_reports`] stops the sampler): closes the threads' CPU sample
-/// events and waits up to `wait` for the sampler thread to leave its
-/// loop; true at once without a profiler.
+/// For a detach ([`crate::attach`]), before its reports are written:
+/// stops the sampler, closes the threads' CPU sample events and waits up
+/// to `wait` for the sampler thread to leave its loop; true at once
+/// without a profiler.
 pub(crate) fn end_for_detach(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
+    p.stop.store(true, Ordering::Relaxed);
     cpusample::close_events();
     let until = Instant::now() + wait;
     while !p.sampler_done.load(Ordering::Acquire) {
