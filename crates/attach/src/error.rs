@@ -40,9 +40,7 @@ pub enum AttachError {
     #[error("process {0} runs the fastinst runtime preloaded (LD_PRELOAD), not attached: control it through the socket FASTINST_CONTROL names (see docs/attach.md)")]
     AlreadyLoaded(i32),
     /// The process is attached now.
-    #[error(
-        "process {0} is attached already: detach it first (`fastinst ctl {0} detach`, or end the attach that holds it)"
-    )]
+    #[error("process {0} is attached already, by a `fastinst attach` that still runs: end that one first (Ctrl-C)")]
     AlreadyAttached(i32),
     /// The runtime loaded in the process is a file since replaced.
     #[error(

@@ -44,7 +44,7 @@ use nix::sys::ptrace;
 use nix::unistd::Pid;
 use sleds::Site;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -76,6 +76,9 @@ pub struct Timings {
     pub normalised: usize,
     /// `-finstrument-functions` hook slots bound to the runtime.
     pub slots: usize,
+    /// The process was found attached by a command that had been killed,
+    /// and was detached first.
+    pub recovered: bool,
     /// From the first thread stopped to all going on again.
     pub all_stopped: Duration,
     /// The whole attach, until the runtime had started.
@@ -93,6 +96,8 @@ pub struct Session {
     /// before the attach.
     regions: Vec<code::Region>,
     code_before: Vec<code::Run>,
+    /// The attach's lock ([`take_lock`]), held until the session ends.
+    _lock: Option<std::fs::File>,
     control: PathBuf,
     library: PathBuf,
     /// What the attach measured.
@@ -235,7 +240,16 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     if tracer != 0 {
         return Err(AttachError::Traced { pid, tracer });
     }
-    let maps = maps::of(pid)?;
+    let lock = take_lock(owner, pid)?.ok_or(AttachError::AlreadyAttached(pid))?;
+    let mut maps = maps::of(pid)?;
+    let mut recovered = false;
+    if control_socket(pid).is_some_and(|s| control(&s, "status").is_ok_and(|a| a.starts_with("ok attached"))) {
+        // Attached, and the command that attached it is gone (killed):
+        // detached first, on its behalf.
+        recover(pid, owner, &maps)?;
+        maps = maps::of(pid)?;
+        recovered = true;
+    }
     let library = loaded_library(pid, &maps)?.unwrap_or_else(|| opts.library.clone());
     let modules = maps::modules(&maps);
     let sites = sleds::of_modules(&modules)?;
@@ -245,18 +259,7 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     }
     // The code the runtime may change: the probed modules'. What differs
     // from the files already is not the runtime's to put back.
-    let probed: Vec<maps::Module> = modules
-        .iter()
-        .filter(|m| {
-            let of_m = |a: u64| {
-                maps.iter()
-                    .any(|x| x.path.as_str() == m.path.as_os_str() && x.contains(a))
-            };
-            sites.iter().any(|s| of_m(s.addr)) || slots.iter().any(|s| of_m(s.addr))
-        })
-        .cloned()
-        .collect();
-    let regions = code::regions(&maps, &probed);
+    let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots));
     let code_before = code::differing(&Mem::open(pid)?, &regions)?;
     let dlopen = symbol_in(&maps, "libc.so.6", "dlopen")?;
     let dlerror = symbol_in(&maps, "libc.so.6", "dlerror")?;
@@ -288,6 +291,7 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
         control,
         library,
         timings: Timings::default(),
+        _lock: Some(lock),
     };
     if !slots.is_empty() {
         match bind_hooks(pid, &slots) {
@@ -300,9 +304,88 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
         }
     }
     timings.slots = session.bound.len();
+    timings.recovered = recovered;
     timings.total = began.elapsed();
     session.timings = timings;
     Ok(session)
+}
+
+/// The modules the runtime may change the code of: those with sleds or
+/// hook slots.
+fn probed(
+    maps: &[maps::Mapping],
+    modules: &[maps::Module],
+    sites: &[Site],
+    slots: &[bindings::Slot],
+) -> Vec<maps::Module> {
+    modules
+        .iter()
+        .filter(|m| {
+            let of_m = |a: u64| {
+                maps.iter()
+                    .any(|x| x.path.as_str() == m.path.as_os_str() && x.contains(a))
+            };
+            sites.iter().any(|s| of_m(s.addr)) || slots.iter().any(|s| of_m(s.addr))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Takes `/tmp/fastinst-<uid>/<pid>.lock` exclusively (`flock`): the mark
+/// of the command attached to the process, held as long as its session
+/// is. The kernel lets go of it when that command ends, however it ends,
+/// so a runtime attached with the lock free was left by a command that
+/// was killed. `None`: another command holds it.
+fn take_lock(uid: u32, pid: i32) -> Result<Option<std::fs::File>> {
+    let (config, _) = paths(uid, pid)?;
+    let path = config.with_file_name(format!("{pid}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(AttachError::io(path.display().to_string()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Ok(None);
+    }
+    Ok(Some(file))
+}
+
+/// Detaches a runtime whose attaching command was killed: what that
+/// command knew is found again (the sleds and hook slots from the files,
+/// the slots' old values from the C library). Everything in the probed
+/// modules' code that differs from the files is taken for the runtime's
+/// and put back.
+fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
+    let modules = maps::modules(maps);
+    let sites = sleds::of_modules(&modules)?;
+    let slots = bindings::of_modules(&modules)?;
+    let mut bound = Vec::with_capacity(slots.len());
+    for s in slots.iter() {
+        bound.push((s.clone(), symbol_in(maps, "libc.so.6", bindings::HOOKS[s.hook])?));
+    }
+    let library = maps
+        .iter()
+        .find(|m| m.path.ends_with(LIBRARY_NAME))
+        .map(|m| PathBuf::from(&m.path))
+        .ok_or(AttachError::Other(format!(
+            "process {pid}: attached, with no {LIBRARY_NAME} mapped"
+        )))?;
+    let (_, control) = paths(owner, pid)?;
+    let session = Session {
+        pid,
+        regions: code::regions(maps, &probed(maps, &modules, &sites, &slots)),
+        sites,
+        bound,
+        code_before: Vec::new(),
+        control,
+        library,
+        timings: Timings::default(),
+        _lock: None,
+    };
+    session.detach().map(drop)
 }
 
 /// Points every hook slot at the runtime's hook of its name, with every

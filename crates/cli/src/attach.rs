@@ -138,6 +138,9 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
     })
     .map_err(|e| CliError::Attach(e.to_string()))?;
     let t = &session.timings;
+    if t.recovered {
+        say!("fastinst: {pid} was left attached by a `fastinst attach` that was killed: detached it first (its reports are in its --out)");
+    }
     say!(
         "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction; {} -finstrument-functions hook slots bound)",
         pid,

@@ -499,3 +499,76 @@ fn an_attached_or_preloaded_process_is_refused_with_its_reason() {
     assert_eq!(rc, Some(0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A `fastinst attach` killed while attached leaves the runtime attached,
+/// its probes armed; the next `fastinst attach` sees that no command holds
+/// the process any more, detaches it first (sleds, hook slots and every
+/// changed byte of code put back), then attaches as usual. Sled and
+/// `-finstrument-functions` builds; output and exit status unchanged.
+#[test]
+fn a_process_left_attached_by_a_killed_command_is_detached_by_the_next() {
+    for flag in ["-fpatchable-function-entry=5", "-finstrument-functions"] {
+        let dir = scratch(&format!("attach-killed{flag}"));
+        let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+        build("gcc", &[], &plain);
+        build("gcc", &[flag], &inst);
+        let args = ["4", "30000"];
+        let reference = spawn(&plain, &args);
+        let child = spawn(&inst, &args);
+        let pid = child.id().to_string();
+        std::thread::sleep(Duration::from_millis(200));
+        let maps = fastinst_attach::maps::of(child.id() as i32).unwrap();
+        let modules = fastinst_attach::maps::modules(&maps);
+        let program: Vec<_> = modules.iter().filter(|m| m.path == inst).cloned().collect();
+        let regions = fastinst_attach::code::regions(&maps, &program);
+        let mut first = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+            .args(["attach", "--duration", "60", "--out"])
+            .arg(dir.join("out1"))
+            .arg(&pid)
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut attached = false;
+        for _ in 0..250 {
+            if text(&fastinst(&["ctl", &pid, "status"], &dir).stdout).starts_with("ok attached") {
+                attached = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(attached, "{flag}: the first attach never answered");
+        // Probes armed for a while, then the command is killed outright.
+        std::thread::sleep(Duration::from_millis(300));
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let o = fastinst(
+            &[
+                "attach",
+                "--duration",
+                "0.2",
+                "--out",
+                dir.join("out2").to_str().unwrap(),
+                &pid,
+            ],
+            &dir,
+        );
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{flag}: {err}");
+        assert!(
+            err.contains("was left attached by a `fastinst attach` that was killed"),
+            "{flag}: {err}"
+        );
+        let o = fastinst(&["ctl", &pid, "status"], &dir);
+        assert!(!o.status.success(), "{flag}: still attached: {}", text(&o.stdout));
+        let mem = fastinst_attach::mem::Mem::open(child.id() as i32).unwrap();
+        let code = fastinst_attach::code::differing(&mem, &regions).unwrap();
+        assert!(code.is_empty(), "{flag}: code differs from the file: {code:x?}");
+        let (want, want_rc) = finish(reference);
+        let (got, rc) = finish(child);
+        assert_eq!(got, want, "{flag}: the program's output changed");
+        assert_eq!(rc, want_rc);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
