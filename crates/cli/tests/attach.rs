@@ -58,6 +58,30 @@ fn attach_for(pid: u32, secs: &str, out: &Path, dir: &Path) -> (bool, String) {
     (o.status.success(), text(&o.stderr))
 }
 
+/// `fastinst attach --duration SECS --out OUT PID` started in the
+/// background from `dir`, once its runtime answers as attached (asked for
+/// up to 5 s: an attach takes a while on a loaded machine).
+fn attach_in_background(pid: &str, secs: &str, out: &Path, dir: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fastinst"))
+        .args(["attach", "--duration", secs, "--out"])
+        .arg(out)
+        .arg(pid)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..250 {
+        if text(&fastinst(&["ctl", pid, "status"], dir).stdout).starts_with("ok attached") {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let o = child.wait_with_output().unwrap();
+    panic!("the attach to {pid} never answered: {}", text(&o.stderr));
+}
+
 fn maps_have_runtime(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libfastinst.so"))
 }
@@ -439,24 +463,7 @@ fn an_attached_or_preloaded_process_is_refused_with_its_reason() {
     let child = spawn(&inst, &["2", "30000"]);
     let pid = child.id().to_string();
     std::thread::sleep(Duration::from_millis(200));
-    let first = Command::new(env!("CARGO_BIN_EXE_fastinst"))
-        .args(["attach", "--duration", "2", "--out"])
-        .arg(dir.join("out"))
-        .arg(&pid)
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut attached = false;
-    for _ in 0..100 {
-        if text(&fastinst(&["ctl", &pid, "status"], &dir).stdout).starts_with("ok attached") {
-            attached = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(attached, "the first attach never answered");
+    let first = attach_in_background(&pid, "2", &dir.join("out"), &dir);
     let again = fastinst(&["attach", "--duration", "0.3", &pid], &dir);
     assert_eq!(again.status.code(), Some(1));
     assert!(
@@ -521,24 +528,7 @@ fn a_process_left_attached_by_a_killed_command_is_detached_by_the_next() {
         let modules = fastinst_attach::maps::modules(&maps);
         let program: Vec<_> = modules.iter().filter(|m| m.path == inst).cloned().collect();
         let regions = fastinst_attach::code::regions(&maps, &program);
-        let mut first = Command::new(env!("CARGO_BIN_EXE_fastinst"))
-            .args(["attach", "--duration", "60", "--out"])
-            .arg(dir.join("out1"))
-            .arg(&pid)
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut attached = false;
-        for _ in 0..250 {
-            if text(&fastinst(&["ctl", &pid, "status"], &dir).stdout).starts_with("ok attached") {
-                attached = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(attached, "{flag}: the first attach never answered");
+        let mut first = attach_in_background(&pid, "60", &dir.join("out1"), &dir);
         // Probes armed for a while, then the command is killed outright.
         std::thread::sleep(Duration::from_millis(300));
         first.kill().unwrap();
