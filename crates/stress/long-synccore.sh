@@ -9,7 +9,9 @@ B=target/release/fastinst-stress
 L=/tmp/long-synccore; mkdir -p $L
 { nproc; uname -a; grep -m1 'model name' /proc/cpuinfo; } > $L/0-machine.txt
 run() { name=$1; shift; $B run "$@" > $L/$name.txt 2>&1; echo "$name rc $?" >> $L/rc.txt; }
+# SPLIT0=0 skips split 0 (a later run adding to the straddling splits).
 for s in word-synccore word-async-synccore; do
+  [ "${SPLIT0:-1}" = 0 ] && break
   for f in warm cold; do
     run $s-0-$f --strategies $s --splits 0 --fetch $f --trials 10 --toggles 10000000 --seconds 8 --executors 2 &
   done
