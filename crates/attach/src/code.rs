@@ -17,9 +17,11 @@ use goblin::elf::dynamic::{DF_TEXTREL, DT_TEXTREL};
 use goblin::elf::Elf;
 use std::collections::HashMap;
 
-/// Differing runs closer than this are one run: what the runtime writes
-/// is whole instructions, seldom more than a few bytes apart.
-const JOIN: u64 = 16;
+/// Differing runs closer than this are one run: the instructions of one
+/// rewrite, where a byte may happen to be the same in both. Kept short:
+/// runs of different sites joined into one would hold whole function
+/// bodies, and a thread stopped in one would be stepped out of it in vain.
+const JOIN: u64 = 4;
 
 /// One run of code bytes that differs from the file.
 #[derive(Clone, Debug, PartialEq, Eq)]

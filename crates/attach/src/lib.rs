@@ -411,9 +411,10 @@ fn bind_hooks(pid: i32, slots: &[bindings::Slot]) -> Result<Vec<(bindings::Slot,
 
 /// The runtime library the process has loaded already, if any: one that
 /// was attached and detached, to be started again (loading it again
-/// returns the same library). Refused: a preloaded runtime, an attached
-/// one, and a library whose file was replaced (loading the path again
-/// would bring in a second runtime).
+/// returns the same library). Refused: a preloaded runtime and a library
+/// whose file was replaced (loading the path again would bring in a
+/// second runtime). One attached now was refused or detached before
+/// ([`attach`]'s lock).
 fn loaded_library(pid: i32, maps: &[maps::Mapping]) -> Result<Option<PathBuf>> {
     if maps
         .iter()
@@ -431,9 +432,6 @@ fn loaded_library(pid: i32, maps: &[maps::Mapping]) -> Result<Option<PathBuf>> {
         .any(|v| String::from_utf8_lossy(v).contains(LIBRARY_NAME));
     if preloaded {
         return Err(AttachError::AlreadyLoaded(pid));
-    }
-    if control_socket(pid).is_some_and(|s| control(&s, "status").is_ok_and(|a| a.starts_with("ok"))) {
-        return Err(AttachError::AlreadyAttached(pid));
     }
     Ok(Some(PathBuf::from(&m.path)))
 }

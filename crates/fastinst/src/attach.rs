@@ -30,10 +30,6 @@
 //! under `LD_PRELOAD` is never attached ([`AttachError::AlreadyStarted`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The runtime was started by an attach (then perhaps detached).
-static ATTACHED_BEFORE: AtomicBool = AtomicBool::new(false);
 
 /// Why an attached start failed: also `fastinst_attach_start`'s status
 /// ([`AttachError::code`]).
@@ -118,7 +114,9 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
         .ok_or(AttachError::NoControl)?;
     // Started, and not by an attach that was since detached: preloaded, or
     // attached now.
-    let again = ATTACHED_BEFORE.load(Ordering::Acquire) && !attached();
+    // An attach's settings stand for the environment: a runtime that has
+    // them was started by an attach.
+    let again = crate::env::has_overlay() && !attached();
     if crate::process::started() && !again {
         return Err(AttachError::AlreadyStarted);
     }
@@ -143,7 +141,6 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     crate::env::set_overlay(vars);
     let listener = crate::control::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
     crate::attached::set(true);
-    ATTACHED_BEFORE.store(true, Ordering::Release);
     crate::process::start_from_env();
     std::thread::Builder::new()
         .name("fastinst-control".into())

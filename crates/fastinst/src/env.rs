@@ -19,6 +19,12 @@ pub(crate) fn set_overlay(vars: Vec<(String, String)>) {
     }
 }
 
+/// Whether an attach's settings were set: the runtime was started by an
+/// attach.
+pub(crate) fn has_overlay() -> bool {
+    OVERLAY.read().is_ok_and(|o| o.is_some())
+}
+
 /// The variable as set: from the attached runtime's settings, if any were
 /// given, else from the environment.
 pub(crate) fn var(name: &str) -> Option<String> {

@@ -157,22 +157,18 @@ fn wordpatch_async_synccore_every_split() {
 /// fetch takes hundreds of cycles, and the control tore at every split,
 /// mostly within a trial (its rate varies from run to run: see below); the
 /// protocols under test are stressed that way too.
+/// A negative control's run: `args` (strategy, forms, splits, fetch), each
+/// configuration given 20 one-second trials to fail in.
+fn expect_failure(args: &[&str]) -> Run {
+    let mut all = args.to_vec();
+    all.extend(["--trials", "20", "--seconds", "1", "--expect-failure"]);
+    stress(&all)
+}
+
 #[test]
 fn negative_controls_are_caught() {
     let control = |strategy: &str, fetch: &str| {
-        let run = stress(&[
-            "--strategies",
-            strategy,
-            "--splits",
-            "1,2,3,4",
-            "--fetch",
-            fetch,
-            "--trials",
-            "20",
-            "--seconds",
-            "1",
-            "--expect-failure",
-        ]);
+        let run = expect_failure(&["--strategies", strategy, "--splits", "1,2,3,4", "--fetch", fetch]);
         let r = results(&run.stdout);
         assert_eq!(r.len(), 4, "{}", run.stdout);
         for (label, toggles, failures, _) in &r {
@@ -186,7 +182,7 @@ fn negative_controls_are_caught() {
     control("word-naive", "warm");
     // Every callpatch form, whole instructions torn at every straddle
     // split: the harness sees each form's tears, not only `call rel32`'s.
-    let run = stress(&[
+    let run = expect_failure(&[
         "--strategies",
         "call-naive",
         "--forms",
@@ -195,11 +191,6 @@ fn negative_controls_are_caught() {
         "1,2,3,4,5",
         "--fetch",
         "warm",
-        "--trials",
-        "20",
-        "--seconds",
-        "1",
-        "--expect-failure",
     ]);
     let forms = results(&run.stdout);
     assert_eq!(forms.len(), 4 + 5 + 4 + 5, "{}", run.stdout);
@@ -221,19 +212,7 @@ fn negative_controls_are_caught() {
             break;
         }
         let splits = left.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
-        let run = stress(&[
-            "--strategies",
-            "word-tmax:0",
-            "--splits",
-            &splits,
-            "--fetch",
-            "cold",
-            "--trials",
-            "20",
-            "--seconds",
-            "1",
-            "--expect-failure",
-        ]);
+        let run = expect_failure(&["--strategies", "word-tmax:0", "--splits", &splits, "--fetch", "cold"]);
         let r = results(&run.stdout);
         assert_eq!(r.len(), left.len(), "{}", run.stdout);
         left = left
