@@ -49,7 +49,7 @@ pub struct Region {
 pub fn regions(maps: &[Mapping], modules: &[Module]) -> Vec<Region> {
     let mut files: HashMap<&str, Option<Vec<u8>>> = HashMap::new();
     let mut out = Vec::new();
-    for m in maps.iter().filter(|m| m.exec() && m.private()) {
+    for m in maps.iter().filter(|m| m.code()) {
         if !modules.iter().any(|md| md.path.as_os_str() == m.path.as_str()) {
             continue;
         }

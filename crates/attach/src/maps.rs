@@ -14,8 +14,15 @@ pub struct Mapping {
     pub perms: String,
     /// Offset in the file.
     pub offset: u64,
-    /// The file, or a pseudo-name (`[stack]`), or empty.
+    /// The file, or a pseudo-name (`[stack]`), or empty. For code the
+    /// runtime aliased for W^X, the file the code came from.
     pub path: String,
+    /// The inode (0 for anonymous memory).
+    pub inode: u64,
+    /// For code the runtime aliased for W^X (`wordpatch::WriteMode::Alias`):
+    /// the mapping's offset in the runtime's `memfd`, which its writable
+    /// alias shares (`offset` is then the file's offset of the code).
+    pub memfd_offset: Option<u64>,
 }
 
 impl Mapping {
@@ -27,6 +34,12 @@ impl Mapping {
     /// Whether it is private (copy-on-write), as a loaded module's are.
     pub fn private(&self) -> bool {
         self.perms.as_bytes().get(3) == Some(&b'p')
+    }
+
+    /// Whether it is a module's code: executable and private, or aliased
+    /// for W^X.
+    pub fn code(&self) -> bool {
+        self.exec() && (self.private() || self.memfd_offset.is_some())
     }
 
     /// Whether `addr` lies in it.
@@ -41,15 +54,23 @@ pub fn parse(text: &str) -> Vec<Mapping> {
         .filter_map(|l| {
             let mut w = l.split_ascii_whitespace();
             let (range, perms, offset) = (w.next()?, w.next()?, w.next()?);
-            let (_dev, _inode) = (w.next()?, w.next()?);
+            let (_dev, inode) = (w.next()?, w.next()?);
             let path = w.collect::<Vec<_>>().join(" ");
             let (a, b) = range.split_once('-')?;
+            let offset = u64::from_str_radix(offset, 16).ok()?;
+            // Aliased code names its file and that file's offset.
+            let (path, offset, memfd_offset) = match wordpatch::parse_memfd_name(&path) {
+                Some((file_off, file)) => (file.to_string(), file_off + offset, Some(offset)),
+                None => (path, offset, None),
+            };
             Some(Mapping {
                 start: u64::from_str_radix(a, 16).ok()?,
                 end: u64::from_str_radix(b, 16).ok()?,
                 perms: perms.to_string(),
-                offset: u64::from_str_radix(offset, 16).ok()?,
+                offset,
                 path,
+                inode: inode.parse().ok()?,
+                memfd_offset,
             })
         })
         .collect()
@@ -74,11 +95,28 @@ pub struct Module {
     pub base: u64,
 }
 
+/// Where a write meant for code byte `addr` must go when the runtime
+/// aliased that code for W^X: the same byte in the writable mapping of the
+/// same `memfd` (code mapped shared and read+execute cannot be written
+/// through `/proc/PID/mem`). `None` when `addr` is not aliased code.
+pub fn alias_of(maps: &[Mapping], addr: u64) -> Option<u64> {
+    let code = maps.iter().find(|m| m.exec() && m.contains(addr))?;
+    let at = code.memfd_offset? + (addr - code.start);
+    maps.iter()
+        .filter(|w| w.inode == code.inode && w.perms.as_bytes().get(1) == Some(&b'w') && !w.exec())
+        .find_map(|w| {
+            let from = w.memfd_offset?;
+            (from..from + (w.end - w.start))
+                .contains(&at)
+                .then(|| w.start + (at - from))
+        })
+}
+
 /// The files mapped with an executable mapping, once each, in address
 /// order.
 pub fn modules(maps: &[Mapping]) -> Vec<Module> {
     let mut out: Vec<Module> = Vec::new();
-    for m in maps.iter().filter(|m| m.exec() && m.path.starts_with('/')) {
+    for m in maps.iter().filter(|m| m.code() && m.path.starts_with('/')) {
         if out.iter().any(|o| o.path.as_os_str() == m.path.as_str()) {
             continue;
         }
@@ -133,6 +171,29 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn aliased_code_is_its_module_s_code_and_is_written_through_its_alias() {
+        // The program's code aliased for W^X: its code mapping shared and
+        // read+execute, its alias read+write elsewhere, one memfd.
+        let m = parse(
+            "555555554000-555555555000 r--p 00000000 08:01 123 /usr/bin/my prog\n\
+             555555555000-555555557000 r-xs 00000000 00:01 999 /memfd:fastinst-code:1000:/usr/bin/my prog (deleted)\n\
+             7ffff0000000-7ffff0002000 rw-s 00000000 00:01 999 /memfd:fastinst-code:1000:/usr/bin/my prog (deleted)\n",
+        );
+        assert!(m[1].code() && m[1].offset == 0x1000 && m[1].path == "/usr/bin/my prog");
+        assert!(!m[2].code());
+        assert_eq!(
+            modules(&m),
+            vec![Module {
+                path: "/usr/bin/my prog".into(),
+                base: 0x5555_5555_4000
+            }]
+        );
+        assert_eq!(alias_of(&m, 0x5555_5555_6123), Some(0x7fff_f000_1123));
+        assert_eq!(alias_of(&m, 0x5555_5555_4123), None, "not code");
+        assert_eq!(alias_of(&parse(MAPS), 0x5555_5555_5010), None, "code in place");
     }
 
     #[test]

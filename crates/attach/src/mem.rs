@@ -1,6 +1,8 @@
 //! Reading and writing a stopped process's memory through
 //! `/proc/PID/mem`, which the kernel lets a ptrace attacher write even
-//! where the pages are not writable (code).
+//! where the pages are not writable (code), unless the pages are shared:
+//! code the runtime aliased for W^X is written through its alias
+//! ([`crate::maps::alias_of`]).
 
 use crate::error::{AttachError, Result};
 use std::fs::{File, OpenOptions};
@@ -10,6 +12,8 @@ use std::os::unix::fs::FileExt;
 pub struct Mem {
     file: File,
     pid: i32,
+    /// The process's mappings as last read for a write to aliased code.
+    maps: std::sync::Mutex<Vec<crate::maps::Mapping>>,
 }
 
 impl Mem {
@@ -21,7 +25,11 @@ impl Mem {
             .write(true)
             .open(&path)
             .map_err(AttachError::io(path))?;
-        Ok(Mem { file, pid })
+        Ok(Mem {
+            file,
+            pid,
+            maps: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// The process.
@@ -38,13 +46,30 @@ impl Mem {
         )))
     }
 
-    /// Writes `bytes` at `addr`.
+    /// Writes `bytes` at `addr` (bytes of one mapping). Code that the
+    /// runtime aliased for W^X is written through its alias.
     pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<()> {
-        self.file.write_all_at(bytes, addr).map_err(AttachError::io(format!(
-            "writing {} bytes at {addr:#x} of process {}",
-            bytes.len(),
-            self.pid
-        )))
+        let what = || format!("writing {} bytes at {addr:#x} of process {}", bytes.len(), self.pid);
+        match self.file.write_all_at(bytes, addr) {
+            // The kernel refuses writes to shared mappings without write
+            // permission with EIO: aliased code, or memory that is not
+            // writable at all.
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => match self.alias_of(addr)? {
+                Some(alias) => self.file.write_all_at(bytes, alias).map_err(AttachError::io(what())),
+                None => Err(AttachError::io(what())(e)),
+            },
+            r => r.map_err(AttachError::io(what())),
+        }
+    }
+
+    /// Where `addr`'s alias is, from the maps as last read, or read again.
+    fn alias_of(&self, addr: u64) -> Result<Option<u64>> {
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = crate::maps::alias_of(&maps, addr) {
+            return Ok(Some(a));
+        }
+        *maps = crate::maps::of(self.pid)?;
+        Ok(crate::maps::alias_of(&maps, addr))
     }
 
     /// Reads a NUL-terminated string at `addr` (at most 4 KiB).

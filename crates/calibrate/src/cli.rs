@@ -188,6 +188,7 @@ fn check(plan: &Plan, seconds_given: bool) -> ExitCode {
                 fetch: stress::Fetch::Warm,
                 max_toggles: plan.toggles,
                 max_time: time,
+                wx: false,
             };
             let r = stress::run_config(&spec, plan.trials, false);
             println!("{r}");

@@ -105,6 +105,7 @@ pub fn run_cell(wait: u64, split: usize, executors: usize, trials: u64, toggles:
         fetch: Fetch::Warm,
         max_toggles: toggles,
         max_time: time,
+        wx: false,
     };
     Cell {
         wait,

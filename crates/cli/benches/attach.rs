@@ -8,8 +8,9 @@
 //! every thread stood stopped for it, the detach (the reports written,
 //! every probe off, every site checked against the file) and how long
 //! every thread stood stopped for that; and the process's resident memory
-//! after each detach, the cost of the idle profilers left behind. Beside
-//! them,
+//! after each detach, the cost of the idle profilers left behind; for
+//! attaches with W^X (the default) and with `--no-wx`, alternated process
+//! by process. Beside them,
 //! uprobes on the same functions of the same program (root only, through
 //! tracefs): defining 2,000 of those probes, then enabling and disabling them
 //! while the program runs, which is when the kernel writes or removes
@@ -24,8 +25,9 @@ use std::time::Duration;
 
 /// Probe sites (functions) in the generated program.
 const SITES: usize = 20_000;
-/// Processes, each attached [`ATTACHES`] times.
-const RUNS: usize = 5;
+/// Processes, each attached [`ATTACHES`] times: half with W^X (the
+/// attach's default), half with `--no-wx`, alternated.
+const RUNS: usize = 6;
 /// Attaches to each process: the first, then again after each detach.
 const ATTACHES: usize = 3;
 /// uprobes defined and enabled: the first of the functions. The kernel
@@ -256,10 +258,13 @@ fn main() {
     assert!(st.is_ok_and(|s| s.success()), "gcc failed (is gcc installed?)");
     // Per kind (0: first attach, 1: again): attach, its stop, detach until
     // released, its stop, detach until the reports are written.
-    let mut t: [[Vec<f64>; 5]; 2] = Default::default();
+    let mut modes: [[[Vec<f64>; 5]; 2]; 2] = Default::default();
     let mut rss_growth = vec![];
     let mut sites = 0.0;
     for run in 0..RUNS {
+        // 0: W^X (default), 1: --no-wx.
+        let mode = run % 2;
+        let t = &mut modes[mode];
         let child = Command::new(&bin)
             .arg("8")
             .stdout(Stdio::piped())
@@ -274,6 +279,7 @@ fn main() {
             let o = Command::new(env!("CARGO_BIN_EXE_fastinst"))
                 .args(["attach", "--duration", "0.3", "--out"])
                 .arg(&reports)
+                .args(if mode == 1 { &["--no-wx"][..] } else { &[] })
                 .arg(child.id().to_string())
                 .output()
                 .unwrap();
@@ -308,19 +314,22 @@ fn main() {
     println!(
         "# Attach and detach, {sites} sled sites, 5 threads (4 calling them), {RUNS} processes attached {ATTACHES} times each\n"
     );
-    println!("| step | first attach: median ms | p90 ms | again: median ms | p90 ms |");
-    println!("|---|---|---|---|---|");
-    for (i, step) in [
-        "attach, until the runtime runs with its probes armed",
-        "of it, every thread stopped",
-        "detach: probes off, code put back and checked, the process released",
-        "of it, every thread stopped",
-        "detach, until the reports are written (the process running meanwhile)",
-    ]
-    .iter()
-    .enumerate()
-    {
-        println!("| {step} | {} | {} |", stats(t[0][i].clone()), stats(t[1][i].clone()));
+    for (mode, t) in ["W^X (the default)", "in place (`--no-wx`)"].iter().zip(&modes) {
+        println!("\n{mode}, {} processes:\n", RUNS / 2);
+        println!("| step | first attach: median ms | p90 ms | again: median ms | p90 ms |");
+        println!("|---|---|---|---|---|");
+        for (i, step) in [
+            "attach, until the runtime runs with its probes armed",
+            "of it, every thread stopped",
+            "detach: probes off, code put back and checked, the process released",
+            "of it, every thread stopped",
+            "detach, until the reports are written (the process running meanwhile)",
+        ]
+        .iter()
+        .enumerate()
+        {
+            println!("| {step} | {} | {} |", stats(t[0][i].clone()), stats(t[1][i].clone()));
+        }
     }
     println!(
         "\nresident memory after each detach, growth from the last: {} MB (median | p90): the idle profiler each attach after the first leaves",

@@ -34,6 +34,8 @@ options:
   --samples, --epoch-ms, --windows, --no-cpu, --functions, --exclude,
   --modules, --min-duration, --depth, --inlined, --strategy, --log, --lib
   (not --signal, --client or --print)
+  --no-wx           patch code in place (pages read+write+execute) instead
+                    of through a writable alias (W^X, the default here)
   -h, --help        this text
 ";
 
@@ -133,6 +135,11 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
     };
     let mut settings: Vec<(String, String)> = run.env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     settings.push(("FASTINST_OUT".into(), out.display().to_string()));
+    // W^X unless asked otherwise (`--no-wx`): an attached service's code
+    // pages are never writable and executable at once.
+    if !settings.iter().any(|(k, _)| k == "FASTINST_WX") {
+        settings.push(("FASTINST_WX".into(), "1".into()));
+    }
     let session = crate::progress::step(&format!("attaching to {pid}"), || {
         fastinst_attach::attach(pid, &fastinst_attach::Options { library: lib, settings })
     })

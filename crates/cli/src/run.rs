@@ -48,6 +48,9 @@ options:
                     functions that gcc's -finstrument-functions left
                     inlined in others (off by default: their time is
                     their callers')
+  --wx, --no-wx     W^X (default off here, on for attach): code pages stay
+                    read+execute and are patched through a writable alias
+                    of the same memory (docs/attach.md, W^X)
   --signal SIG      profiler: USR1, USR2 or a number; write the reports
                     whenever PROGRAM receives it
   --control PATH    serve a control socket at PATH (mode 0600), which
@@ -126,6 +129,8 @@ pub fn parse(argv: &[String]) -> Result<Option<RunArgs>> {
 pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a str>, r: &mut RunArgs) -> Result<bool> {
     match (name, i) {
         ("--inlined", None) => r.env.push(("FASTINST_INLINED", "1".into())),
+        ("--wx", None) => r.env.push(("FASTINST_WX", "1".into())),
+        ("--no-wx", None) => r.env.push(("FASTINST_WX", "0".into())),
         (n @ "--functions", i) => r.env.push(("FASTINST_FUNCTIONS", a.value(n, i)?.into())),
         (n @ "--exclude", i) => r.env.push(("FASTINST_EXCLUDE", a.value(n, i)?.into())),
         (n @ "--modules", i) => r.env.push(("FASTINST_MODULES", a.value(n, i)?.into())),

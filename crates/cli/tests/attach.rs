@@ -62,9 +62,15 @@ fn attach_for(pid: u32, secs: &str, out: &Path, dir: &Path) -> (bool, String) {
 /// background from `dir`, once its runtime answers as attached (asked for
 /// up to 5 s: an attach takes a while on a loaded machine).
 fn attach_in_background(pid: &str, secs: &str, out: &Path, dir: &Path) -> Child {
+    attach_in_background_with(pid, secs, out, dir, &[])
+}
+
+/// [`attach_in_background`] with `extra` options.
+fn attach_in_background_with(pid: &str, secs: &str, out: &Path, dir: &Path, extra: &[&str]) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fastinst"))
         .args(["attach", "--duration", secs, "--out"])
         .arg(out)
+        .args(extra)
         .arg(pid)
         .current_dir(dir)
         .stdout(Stdio::piped())
@@ -561,4 +567,91 @@ fn a_process_left_attached_by_a_killed_command_is_detached_by_the_next() {
         assert_eq!(rc, want_rc);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// The mappings of `pid` that are writable and executable, and those of
+/// code the runtime aliased for W^X.
+fn wx_and_aliased(pid: u32) -> (Vec<String>, Vec<String>) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let perms = |l: &str| l.split_whitespace().nth(1).unwrap_or("").to_string();
+    let wx = maps
+        .lines()
+        .filter(|l| perms(l).contains('w') && perms(l).contains('x'))
+        .map(str::to_string)
+        .collect();
+    let aliased = maps
+        .lines()
+        .filter(|l| l.contains("/memfd:fastinst-code:"))
+        .map(str::to_string)
+        .collect();
+    (wx, aliased)
+}
+
+/// W^X is the attach's default: while attached, no page of the process is
+/// writable and executable; the program's code is aliased, and after the
+/// detach its bytes (read through the code mapping) equal the file's.
+/// With `--no-wx` the patched pages are writable and executable, so the
+/// check above can fail.
+#[test]
+fn an_attached_process_has_no_page_writable_and_executable_unless_asked() {
+    let dir = scratch("attach-wx");
+    let (plain, inst) = (dir.join("plain"), dir.join("inst"));
+    build("gcc", &[], &plain);
+    build("gcc", &["-fpatchable-function-entry=5"], &inst);
+    let args = ["4", "60000"];
+    let (want, want_rc) = finish(spawn(&plain, &args));
+    for wx in [true, false] {
+        let child = spawn(&inst, &args);
+        let pid = child.id();
+        std::thread::sleep(Duration::from_millis(200));
+        let maps = fastinst_attach::maps::of(pid as i32).unwrap();
+        let program: Vec<_> = fastinst_attach::maps::modules(&maps)
+            .into_iter()
+            .filter(|m| m.path == inst)
+            .collect();
+        let regions = fastinst_attach::code::regions(&maps, &program);
+        assert!(!regions.is_empty());
+        let out = dir.join(format!("out-{wx}"));
+        let extra: &[&str] = if wx { &[] } else { &["--no-wx"] };
+        let attach = attach_in_background_with(&pid.to_string(), "1", &out, &dir, extra);
+        // Seen while attached and profiling.
+        let (wx_maps, aliased) = wx_and_aliased(pid);
+        let o = attach.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        if wx {
+            assert!(
+                wx_maps.is_empty(),
+                "writable and executable while attached: {wx_maps:#?}"
+            );
+            assert!(
+                aliased
+                    .iter()
+                    .any(|l| l.contains(" r-xs ") && l.contains(inst.to_str().unwrap())),
+                "the program's code is not aliased: {aliased:#?}"
+            );
+        } else {
+            assert!(!wx_maps.is_empty(), "--no-wx: no page patched in place");
+            assert!(aliased.is_empty(), "--no-wx: code aliased: {aliased:#?}");
+        }
+        // Put back: the code as the file has it, read through the code
+        // mapping, and the maps parsed with the aliased code as the module's.
+        let maps = fastinst_attach::maps::of(pid as i32).unwrap();
+        let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+        let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+        assert!(sites.len() >= 4, "{} sites", sites.len());
+        assert!(fastinst_attach::sleds::differing(&mem, &sites).unwrap().is_empty());
+        let regions = fastinst_attach::code::regions(&maps, &program);
+        assert!(!regions.is_empty(), "the aliased code is not found as the program's");
+        let code = fastinst_attach::code::differing(&mem, &regions).unwrap();
+        assert!(code.is_empty(), "code differs from the file after detach: {code:x?}");
+        // Attached again, the aliased code is found and patched again.
+        if wx {
+            let (ok, err) = attach_for(pid, "0.2", &dir.join("again"), &dir);
+            assert!(ok && err.contains("sites checked equal to their files"), "{err}");
+        }
+        let (got, rc) = finish(child);
+        assert_eq!(got, want, "the program's output changed");
+        assert_eq!(rc, want_rc);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

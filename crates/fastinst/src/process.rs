@@ -56,6 +56,15 @@ pub fn start_from_env() {
             _ => log::error(format_args!("FASTINST_REWRITE: `{v}` is not 0 or 1; using 1")),
         }
     }
+    // W^X: chosen before any code page is made writable. Pages made
+    // writable by an earlier start (an attach before) keep their way.
+    if let Some(v) = env("FASTINST_WX") {
+        match v.as_str() {
+            "1" => wordpatch::set_write_mode(wordpatch::WriteMode::Alias),
+            "0" => wordpatch::set_write_mode(wordpatch::WriteMode::InPlace),
+            _ => log::error(format_args!("FASTINST_WX: `{v}` is not 0 or 1; using 0")),
+        }
+    }
     // The wait of straddling patches, resolved now, while the process has
     // one thread: with SyncCore that registers for membarrier, and the
     // kernel makes a registration wait out an RCU grace period once a

@@ -20,6 +20,9 @@ fn check_program(dir: &Path, plain: &Path, inst: &Path, args: &[&str], what: &st
     // The default tool: the latency profiler.
     let prof = run(inst, args, dir, true, &[]);
     assert_eq!(ok_stdout(&prof, what), want, "{what}, default tool (profile)");
+    // W^X: the same, with the code patched through its alias.
+    let wx = run(inst, args, dir, true, &[("FASTINST_WX", "1")]);
+    assert_eq!(ok_stdout(&wx, what), want, "{what}, default tool, W^X");
     for strategy in STRATEGIES {
         for tool in ["off", "count"] {
             let o = run(
@@ -121,6 +124,31 @@ fn threads_fork_exceptions_and_shared_libraries() {
                         layers.contains(&1) && layers.contains(&2),
                         "child counts only its own calls: {layers:?}"
                     );
+                    for f in files {
+                        std::fs::remove_file(f).unwrap();
+                    }
+                    // W^X: the child gets its own copy of the aliased
+                    // code, so each process's probes and counts are its own.
+                    let wx = ok_stdout(
+                        &run(
+                            &inst,
+                            &[],
+                            &dir,
+                            true,
+                            &[("FASTINST_TOOL", "count"), ("FASTINST_WX", "1")],
+                        ),
+                        "forks count W^X",
+                    );
+                    assert_eq!(wx, out, "forks.c's output under W^X");
+                    let files = count_files(&dir);
+                    assert_eq!(
+                        files.len(),
+                        2,
+                        "W^X: parent and child each write their counts: {files:?}"
+                    );
+                    let mut layers: Vec<u64> = files.iter().map(|f| calls_of(f, "layer").unwrap()).collect();
+                    layers.sort_unstable();
+                    assert_eq!(layers, [1, 2], "W^X: each process counts only its own calls");
                     for f in files {
                         std::fs::remove_file(f).unwrap();
                     }

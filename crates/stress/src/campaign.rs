@@ -14,7 +14,8 @@ pub const MIN_CORUN_RATIO: f64 = 0.01;
 /// The aggregate of all trials of one configuration.
 #[derive(Clone, Debug, Default)]
 pub struct ConfigResult {
-    /// Configuration label: strategy, form, split, executors, fetch.
+    /// Configuration label: strategy, form, split, executors, fetch, and `wx`
+    /// for W^X.
     pub label: String,
     /// Trials run.
     pub trials: u64,
@@ -57,8 +58,13 @@ fn signal_name(s: i32) -> String {
 pub fn run_config(spec: &TrialSpec, trials: u64, stop_at_failure: bool) -> ConfigResult {
     let mut r = ConfigResult {
         label: format!(
-            "{} {:?} split={} executors={} fetch={}",
-            spec.strategy, spec.form, spec.split, spec.executors, spec.fetch
+            "{} {:?} split={} executors={} fetch={}{}",
+            spec.strategy,
+            spec.form,
+            spec.split,
+            spec.executors,
+            spec.fetch,
+            if spec.wx { " wx" } else { "" }
         ),
         ..Default::default()
     };

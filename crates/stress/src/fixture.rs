@@ -1,7 +1,8 @@
 //! Generated code with a call site at a chosen cache-line split.
 //!
 //! Layout inside a 64 MiB reservation that is `PROT_NONE` except for two
-//! small read-write-execute islands, both filled with INT3:
+//! small read-write-execute islands, both filled with INT3 (read+execute
+//! only in [`wordpatch::WriteMode::Alias`]):
 //!
 //! ```text
 //! entry:  31 C0          xor eax, eax        ; "off" result
@@ -54,9 +55,27 @@ unsafe impl Send for Fixture {}
 // SAFETY: as above.
 unsafe impl Sync for Fixture {}
 
-fn rwx_island(addr: usize, len: usize) -> io::Result<()> {
+fn island_pages(addr: usize, len: usize) -> (usize, usize) {
     let page = addr & !4095;
-    let len = (addr + len - page + 4095) & !4095;
+    (page, (addr + len - page + 4095) & !4095)
+}
+
+/// Makes the islands read+execute only, as a program's code is: then
+/// wordpatch must make them writable its own way (in
+/// [`wordpatch::WriteMode::Alias`], through an alias: W^X).
+fn seal(islands: &[(usize, usize)]) -> io::Result<()> {
+    for &(page, len) in islands {
+        // SAFETY: an island of the fixture's own reservation; its bytes
+        // stay as they are.
+        if unsafe { libc::mprotect(page as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn rwx_island(addr: usize, len: usize) -> io::Result<()> {
+    let (page, len) = island_pages(addr, len);
     // SAFETY: the range lies inside our own PROT_NONE reservation.
     let rc = unsafe {
         libc::mprotect(
@@ -122,6 +141,12 @@ impl Fixture {
             put(site + len, &[0xC3]);
         }
         std::mem::forget(fx_guard);
+        let islands = [island_pages(base, 4096), island_pages(a as usize, 8)];
+        if wordpatch::write_mode() == wordpatch::WriteMode::Alias {
+            // W^X asked for: the code must be sealed as a program's is, or
+            // wordpatch would find it writable and write it in place.
+            seal(&islands)?;
+        }
         // SAFETY: `site - 2` starts the code laid out above, which follows the
         // C ABI: it returns in rax and clobbers only rax, rdx and flags.
         let entry: extern "C" fn() -> u64 = unsafe { std::mem::transmute(site - 2) };

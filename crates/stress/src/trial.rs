@@ -26,6 +26,9 @@ pub struct TrialSpec {
     pub max_toggles: u64,
     /// ...or after this long, whichever comes first.
     pub max_time: Duration,
+    /// W^X: the site's code is read+execute only and patched through an
+    /// alias ([`wordpatch::WriteMode::Alias`]); set in the trial's process.
+    pub wx: bool,
 }
 
 /// What a trial that did not crash measured.
@@ -89,8 +92,14 @@ pub fn run_trial(spec: &TrialSpec) -> Result<TrialStats, String> {
 /// [`run_trial`], publishing the toggle count every 64 toggles to `progress`
 /// (memory shared with the parent, so a crashed trial's toggles are known).
 fn run_trial_reporting(spec: &TrialSpec, progress: Option<&AtomicU64>) -> Result<TrialStats, String> {
+    if spec.wx {
+        wordpatch::set_write_mode(wordpatch::WriteMode::Alias);
+    }
     let fx = Arc::new(Fixture::new(spec.form, spec.split).map_err(|e| format!("fixture: {e}"))?);
     let toggler = Toggler::new(&fx, spec.strategy)?;
+    if spec.wx && wordpatch::aliased_bytes() == 0 {
+        return Err("W^X asked for, and the site's code is not aliased".into());
+    }
     crate::crash::set_site(fx.site as usize);
     let stop = Arc::new(AtomicBool::new(false));
     let go = Arc::new(AtomicBool::new(false));

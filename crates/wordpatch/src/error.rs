@@ -89,6 +89,23 @@ pub enum Error {
     /// The kernel lacks `MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE` (Linux >= 4.16 on x86).
     #[error("membarrier SYNC_CORE is unavailable: {0}")]
     SyncCoreUnsupported(String),
+    /// Making a writable alias of a code mapping (W^X) failed; the code is
+    /// as it was.
+    #[error("cannot alias the code mapping at {page:#x} ({step}): errno {errno}")]
+    Alias {
+        /// The mapping's first page.
+        page: usize,
+        /// What failed.
+        step: &'static str,
+        /// The errno, 0 where none applies.
+        errno: i32,
+    },
+    /// Every slot of the table of aliased mappings is taken.
+    #[error("too many aliased code mappings (limit {limit})")]
+    TooManyAliases {
+        /// The table's capacity.
+        limit: usize,
+    },
     /// Installing the SIGTRAP handler failed.
     #[error("cannot install the SIGTRAP handler: errno {0}")]
     SignalHandler(i32),

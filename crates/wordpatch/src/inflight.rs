@@ -176,6 +176,38 @@ pub(crate) fn claim(site: usize, new: &[u8], w: Wait) -> Result<Ticket, Error> {
     Err(Error::TooManyInFlight { site })
 }
 
+/// In a fork child, before it runs anything else of this crate: the
+/// patches the parent's other threads had in flight have no patcher here,
+/// and a slot one of them held locked would stay locked for good, so a
+/// thread trapped on its INT3 would wait forever. Each is finished (its
+/// INT3 in place: the rest of its bytes written; the child has one thread,
+/// so no wait is due) or dropped (no INT3: not begun, or its bytes all
+/// written), and its slot freed.
+pub(crate) fn repair_after_fork() {
+    if IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    for slot in &TABLE {
+        let site = slot.site.load(Ordering::Acquire);
+        if site == 0 {
+            continue;
+        }
+        // SAFETY: a site in the table is mapped code.
+        if unsafe { raw::load_u8(site) } == INT3 {
+            let len = slot.len.load(Ordering::Relaxed) as usize;
+            let bytes = slot.bytes.load(Ordering::Relaxed).to_le_bytes();
+            if slot.state.load(Ordering::Relaxed) == FIRST_WAIT {
+                write_back(site, len, bytes);
+            }
+            write_front(site, bytes);
+        }
+        slot.lock.store(true, Ordering::Relaxed);
+        slot.seq.fetch_add(1, Ordering::SeqCst);
+        slot.site.store(0, Ordering::SeqCst);
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Frees a claimed slot whose INT3 lock was not taken (or was given back).
 pub(crate) fn abandon(t: Ticket) {
     let slot = &TABLE[t.idx];

@@ -22,6 +22,8 @@
 //!
 //! Code pages are made writable on first use and stay so ([`make_writable`]);
 //! code about to be unmapped must be forgotten first ([`forget_pages`]).
+//! With [`WriteMode::Alias`] (W^X) they stay read+execute instead, and
+//! every store goes through a writable alias of the same memory.
 //! Intel's and AMD's manuals bless only "serialize before executing modified
 //! code"; [`Wait::SyncCore`] is that protocol, and everything else rests on
 //! the model, which this project tests by stress (`stress` crate).
@@ -30,14 +32,18 @@
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("wordpatch patches x86-64 machine code: it builds for x86_64 only");
 
+mod alias;
 mod chain;
 mod code_bytes;
 mod config;
 mod default_wait;
 mod error;
 mod finisher;
+mod fork;
+mod gate;
 mod geometry;
 mod inflight;
+mod mode;
 mod nop;
 mod patch;
 mod raw;
@@ -49,18 +55,34 @@ mod wait;
 mod wakeup;
 mod writable;
 
+pub use alias::{aliased_bytes, memfd_name, parse_memfd_name, MAX_REGIONS};
 pub use code_bytes::CodeBytes;
 pub use config::{config_path, ConfigError, MachineConfig};
 pub use default_wait::{default_tmax, default_wait, set_default_wait, WaitSource};
 pub use error::Error;
 pub use finisher::Finisher;
+pub use fork::forks_with_late_child;
 pub use geometry::{is_straddler, line_start, split, CACHE_LINE, MAX_PATCH_LEN, PAGE_SIZE};
 pub use inflight::{diagnose, SlotDiagnosis, SLOTS as MAX_IN_FLIGHT_TABLE};
+pub use mode::{write_mode, WriteMode};
 pub use nop::{nop, NOP5};
 pub use patch::{finish_patch, flush, patch, patch_with, pending, start_patch, PatchOptions, Progress};
-pub use raw::{read_code, read_code_u64, store_in_line, store_plain, Mismatch};
+pub use raw::{read_code, read_code_u64, store_in_line, store_plain, store_unexecuted, Mismatch};
 pub use reprotect::{install_fault_handler, reprotections_undone};
 pub use sites::MAX_STRADDLER_SITES;
 pub use trap::{install_trap_handler, trap_handler_is_current, traps_handled};
 pub use wait::{ensure_sync_core, Wait, BUILTIN_TMAX};
 pub use writable::{forget_pages, make_writable, pages_tracked};
+
+/// Chooses how code pages not yet patched are made writable: in place
+/// (read+write+execute, the default) or, with [`WriteMode::Alias`], never
+/// writable and executable at once (W^X: written through a writable alias
+/// of the same memory, with fork handlers that give a `fork` child code of
+/// its own). Pages made writable before keep their way: call it before the
+/// first patch.
+pub fn set_write_mode(mode: WriteMode) {
+    if mode == WriteMode::Alias {
+        fork::install();
+    }
+    mode::set(mode);
+}

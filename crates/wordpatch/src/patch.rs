@@ -223,6 +223,8 @@ unsafe fn start(site: *mut u8, new: &[u8], opts: &PatchOptions<'_>) -> Result<St
     }
     ensure_installed()?;
     sites::insert(addr)?;
+    // A fork child must not inherit a patch half done.
+    crate::fork::install_handlers();
     let t = inflight::claim(addr, new, wait)?;
     // SAFETY: the site is writable (above). From here threads reaching the
     // site trap and wait in the handler, which finds our claimed slot.

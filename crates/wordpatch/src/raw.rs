@@ -43,6 +43,8 @@ pub(crate) unsafe fn load_u64(addr: usize) -> u64 {
 /// The 8 bytes at `addr` must be writable and inside one cache line.
 #[inline]
 pub(crate) unsafe fn cas_u64(addr: usize, old: u64, new: u64) -> u64 {
+    let _pass = crate::gate::pass();
+    let addr = crate::writable::target(addr);
     let prev: u64;
     // SAFETY: the caller guarantees the bytes are writable and in one line,
     // so the locked operation is atomic and not a split lock.
@@ -59,6 +61,8 @@ pub(crate) unsafe fn cas_u64(addr: usize, old: u64, new: u64) -> u64 {
 /// `addr` must be writable.
 #[inline]
 pub(crate) unsafe fn xchg_u8(addr: usize, new: u8) -> u8 {
+    let _pass = crate::gate::pass();
+    let addr = crate::writable::target(addr);
     let mut v = new;
     // SAFETY: the caller guarantees `addr` is writable; xchg with memory is locked.
     unsafe {
@@ -112,6 +116,8 @@ pub unsafe fn store_plain(addr: *mut u8, bytes: &[u8]) -> bool {
     if len == 0 || a / 8 != (a + len - 1) / 8 {
         return false;
     }
+    let _pass = crate::gate::pass();
+    let a = crate::writable::target(a);
     // SAFETY: in each arm, the caller guarantees the bytes are writable; one
     // store instruction of the range's exact width.
     unsafe {
@@ -132,6 +138,25 @@ pub unsafe fn store_plain(addr: *mut u8, bytes: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// Writes `bytes` at `addr` a byte at a time: for code that no thread
+/// runs (a part of a sled jumped over, code not yet reachable), through
+/// its alias in [`WriteMode::Alias`](crate::WriteMode::Alias).
+///
+/// # Safety
+/// The bytes' pages were made writable ([`make_writable`](crate::make_writable)),
+/// and no thread executes them until the call returns.
+pub unsafe fn store_unexecuted(addr: *mut u8, bytes: &[u8]) {
+    for (i, &b) in bytes.iter().enumerate() {
+        let _pass = crate::gate::pass();
+        let a = crate::writable::target(addr as usize + i);
+        // SAFETY: the caller guarantees the page is writable (its alias is
+        // where `target` points) and that no thread runs the byte.
+        unsafe {
+            asm!("mov byte ptr [{p}], {v}", p = in(reg) a, v = in(reg_byte) b, options(nostack, preserves_flags))
+        };
+    }
 }
 
 fn mask(len: usize) -> u64 {

@@ -52,7 +52,7 @@ static STARTED: AtomicU64 = AtomicU64::new(0);
 static COMPLETED: AtomicU64 = AtomicU64::new(0);
 static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
 
-fn membarrier(cmd: libc::c_int) -> libc::c_long {
+pub(crate) fn membarrier(cmd: libc::c_int) -> libc::c_long {
     // SAFETY: membarrier takes integer arguments only and touches no memory of ours.
     unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_uint, 0 as libc::c_int) }
 }

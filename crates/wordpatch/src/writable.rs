@@ -15,9 +15,14 @@
 //! segment becomes a private copy (4 KiB of anonymous memory per page, no
 //! longer shared with other processes mapping the same file), and the page
 //! stays writable and executable (W^X is given up for patched pages only).
+//!
+//! In [`WriteMode::Alias`](crate::WriteMode::Alias) a page's mapping is
+//! aliased instead (`crate::alias`) and stays read+execute; the set records
+//! for each page how far its alias lies, and every store adds that
+//! ([`target`]).
 
 use crate::error::Error;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::geometry::PAGE_SIZE;
@@ -26,6 +31,11 @@ const CAPACITY: usize = 1 << 16;
 /// A forgotten page: lookups probe past it, inserts may reuse it.
 const TOMBSTONE: usize = usize::MAX;
 static PAGES: Pages = Pages([const { AtomicUsize::new(0) }; CAPACITY]);
+/// For each slot of `PAGES`, how far the page's writable alias lies from it
+/// (wrapping; 0: written in place). Stored before the page is published.
+static DELTAS: [AtomicUsize; CAPACITY] = [const { AtomicUsize::new(0) }; CAPACITY];
+/// Whether any page has an alias: until then a store's address is its own.
+static ALIASES: AtomicBool = AtomicBool::new(false);
 
 // Page-aligned, so a group of slots is one page of memory.
 #[repr(align(4096))]
@@ -69,6 +79,24 @@ fn find(page: usize) -> Option<usize> {
     None
 }
 
+/// Where a store meant for code byte `addr` must go: its alias in
+/// [`WriteMode::Alias`](crate::WriteMode::Alias), else `addr` itself.
+/// Lock-free and async-signal-safe.
+#[inline]
+pub(crate) fn target(addr: usize) -> usize {
+    if !ALIASES.load(Ordering::Acquire) {
+        return addr;
+    }
+    aliased(addr)
+}
+
+fn aliased(addr: usize) -> usize {
+    match find(addr & !(PAGE_SIZE - 1)) {
+        Some(i) => addr.wrapping_add(DELTAS[i].load(Ordering::Relaxed)),
+        None => addr,
+    }
+}
+
 /// Forgets the pages of `len` bytes at `addr`: call it before code there is
 /// unmapped (`munmap`, `dlclose`). Otherwise a new mapping that later appears
 /// at the same address would be taken for writable and the first patch of it
@@ -78,6 +106,9 @@ pub fn forget_pages(addr: *const u8, len: usize) {
     let start = addr as usize & !(PAGE_SIZE - 1);
     let end = addr as usize + len.max(1);
     let mut count = GROW.lock().unwrap_or_else(|e| e.into_inner());
+    if ALIASES.load(Ordering::Acquire) {
+        crate::alias::forget(start, (end + PAGE_SIZE - 1) & !(PAGE_SIZE - 1));
+    }
     let mut page = start;
     while page < end {
         if let Some(i) = find(page) {
@@ -116,16 +147,20 @@ pub fn make_writable(addr: *const u8, len: usize) -> Result<(), Error> {
     Ok(())
 }
 
-struct Mapping {
+struct Mapping<'a> {
+    start: usize,
     end: usize,
+    readable: bool,
     writable: bool,
     executable: bool,
+    offset: usize,
+    path: &'a str,
 }
 
-fn find_mapping(maps: &str, page: usize) -> Option<Mapping> {
+fn find_mapping(maps: &str, page: usize) -> Option<Mapping<'_>> {
     for line in maps.lines() {
         let mut parts = line.split_whitespace();
-        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+        let (Some(range), Some(perms), Some(offset)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
         let Some((a, b)) = range.split_once('-') else {
@@ -136,10 +171,20 @@ fn find_mapping(maps: &str, page: usize) -> Option<Mapping> {
         };
         if a <= page && page < b {
             let p = perms.as_bytes();
+            // The path: what follows the device and inode fields.
+            let path = line
+                .splitn(6, char::is_whitespace)
+                .nth(5)
+                .map(str::trim_start)
+                .unwrap_or("");
             return Some(Mapping {
+                start: a,
                 end: b,
+                readable: p.first() == Some(&b'r'),
                 writable: p.get(1) == Some(&b'w'),
                 executable: p.get(2) == Some(&b'x'),
+                offset: usize::from_str_radix(offset, 16).unwrap_or(0),
+                path,
             });
         }
     }
@@ -169,6 +214,10 @@ fn add_pages(first: usize, end: usize) -> Result<(), Error> {
             return Err(Error::TooManyPages {
                 limit: CAPACITY * 3 / 4,
             });
+        }
+        if !m.writable && crate::mode::write_mode() == crate::mode::WriteMode::Alias {
+            page = alias_mapping(&m, &mut count)?;
+            continue;
         }
         if !m.writable {
             crate::reprotect::ensure_installed(is_tracked);
@@ -201,12 +250,56 @@ fn add_pages(first: usize, end: usize) -> Result<(), Error> {
     Ok(())
 }
 
+/// Aliases the whole of mapping `m` (W^X) and records its pages; returns
+/// the mapping's end. The caller holds `GROW` (`count`).
+fn alias_mapping(m: &Mapping<'_>, count: &mut usize) -> Result<usize, Error> {
+    if !m.readable {
+        return Err(Error::Alias {
+            page: m.start,
+            step: "read the code (the mapping is execute-only)",
+            errno: 0,
+        });
+    }
+    if (m.start..m.end).step_by(PAGE_SIZE).any(known) {
+        return Err(Error::Alias {
+            page: m.start,
+            step: "alias a mapping with pages already patched in place",
+            errno: 0,
+        });
+    }
+    let pages = (m.end - m.start) / PAGE_SIZE;
+    if *count + pages > CAPACITY * 3 / 4 {
+        return Err(Error::TooManyPages {
+            limit: CAPACITY * 3 / 4,
+        });
+    }
+    // Before any page is published: a store that finds one of them must
+    // look for its alias.
+    ALIASES.store(true, Ordering::Release);
+    let prot = libc::PROT_READ | libc::PROT_EXEC;
+    let path = if m.path.starts_with('/') { m.path } else { "" };
+    let alias = crate::alias::create(m.start, m.end - m.start, prot, m.offset, path)?;
+    let delta = alias.wrapping_sub(m.start);
+    for page in (m.start..m.end).step_by(PAGE_SIZE) {
+        insert_with(page, delta);
+        *count += 1;
+    }
+    Ok(m.end)
+}
+
 /// Records `page` (the caller holds `GROW` and has checked capacity).
 fn insert(page: usize) {
+    insert_with(page, 0);
+}
+
+/// Records `page` with its alias `delta`, the delta first, so that a
+/// lookup that finds the page finds its delta.
+fn insert_with(page: usize, delta: usize) {
     let mut i = slot_of(page);
     while !matches!(PAGES.0[i].load(Ordering::Relaxed), 0 | TOMBSTONE) {
         i = (i + 1) % CAPACITY;
     }
+    DELTAS[i].store(delta, Ordering::Relaxed);
     PAGES.0[i].store(page, Ordering::Release);
 }
 

@@ -600,7 +600,7 @@ fn xray_tail(addr: u64) -> std::result::Result<(), String> {
         if jmp != providers::xray::JMP_OVER {
             return Err(format!("the sled begins with {jmp:02x?}, not jmp .+11"));
         }
-        std::ptr::copy_nonoverlapping(tail.as_ptr(), at as *mut u8, tail.len());
+        wordpatch::store_unexecuted(at as *mut u8, tail);
     }
     Ok(())
 }

@@ -32,6 +32,8 @@ run options:
   --toggles N         toggles per trial at most (default 10000000)
   --seconds F         seconds per trial at most (default 1.0)
   --long              >= 1e8 toggles per configuration (no time limit)
+  --wx                W^X: the code is read+execute only and written through
+                      a writable alias (wordpatch::WriteMode::Alias)
   --expect-failure    negative control: succeed only if every configuration
                       fails, stopping each at its first failure
 bench options:
@@ -58,6 +60,7 @@ struct RunArgs {
     toggles: u64,
     seconds: f64,
     expect_failure: bool,
+    wx: bool,
 }
 
 fn parse_run(args: &[String]) -> Result<RunArgs, String> {
@@ -75,6 +78,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         toggles: 10_000_000,
         seconds: 1.0,
         expect_failure: false,
+        wx: false,
     };
     let mut argv = Argv::new(args);
     while let Some(item) = argv.next_item() {
@@ -93,6 +97,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                 r.seconds = 1e7;
             }
             Item::Opt("--expect-failure", None) => r.expect_failure = true,
+            Item::Opt("--wx", None) => r.wx = true,
             Item::Opt(other, _) => return Err(ArgError::unknown(other).into()),
             Item::Positional(p) => return Err(format!("unexpected argument `{p}`")),
             Item::EndOfOptions => {}
@@ -121,6 +126,7 @@ fn specs(a: &RunArgs) -> Vec<TrialSpec> {
                         fetch,
                         max_toggles: a.toggles,
                         max_time: Duration::from_secs_f64(a.seconds),
+                        wx: a.wx,
                     });
                 }
             }
