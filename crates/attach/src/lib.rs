@@ -689,6 +689,12 @@ impl Session {
                 }
                 mem.write(r.addr, &r.file)?;
             }
+            all.release();
+            let all_stopped = t0.elapsed();
+            // Checked with the threads running: nothing writes this code
+            // any more (the runtime's probes are off and its sampler has
+            // ended, and no call reaches its hooks), so what is read now
+            // is what the threads run from here on.
             let wrong = sleds::differing(&mem, &self.sites)?;
             let wrong_code = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
             let mut wrong_slots = 0;
@@ -697,8 +703,6 @@ impl Session {
                 mem.read(slot.addr, &mut now)?;
                 wrong_slots += usize::from(u64::from_le_bytes(now) != *was);
             }
-            all.release();
-            let all_stopped = t0.elapsed();
             if let Some((addr, found)) = wrong.first() {
                 return Err(AttachError::Other(format!(
                     "{} sites differ from their files after the detach, the first at {addr:#x}: {found:02x?}",

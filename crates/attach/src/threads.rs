@@ -60,12 +60,19 @@ pub fn wait_stop(tid: Pid, limit: Duration) -> Result<Option<WaitStatus>> {
     loop {
         match waitpid(tid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => {
-                if Instant::now() > until {
+                let now = Instant::now();
+                if now > until {
                     return Err(AttachError::Other(format!(
                         "thread {tid} did not stop within {limit:?}"
                     )));
                 }
-                std::thread::sleep(Duration::from_micros(50));
+                // A thread stops once it gets a CPU: the first millisecond
+                // gives it ours rather than a sleep's worth of timer slack.
+                if until - now > limit.saturating_sub(Duration::from_millis(1)) {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
             }
             Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(Errno::ECHILD) => return Ok(None),
             Ok(s) => return Ok(Some(s)),
@@ -92,8 +99,11 @@ impl Stopped {
             pid,
             threads: Vec::new(),
         };
+        // Every thread is asked to stop before any is waited for: they
+        // stop side by side, and the stop lasts about as long as the
+        // slowest thread's, not the sum of them all.
         loop {
-            let mut new = 0;
+            let mut asked = Vec::new();
             for tid in tids(pid)? {
                 if s.threads.iter().any(|h| h.tid.as_raw() == tid) {
                     continue;
@@ -101,7 +111,6 @@ impl Stopped {
                 let t = Pid::from_raw(tid);
                 match ptrace::seize(t, ptrace::Options::empty()) {
                     Ok(()) => {}
-                    // It ended since the list was read.
                     Err(Errno::ESRCH) => continue,
                     Err(errno) => {
                         let e = AttachError::Ptrace {
@@ -113,15 +122,25 @@ impl Stopped {
                                 String::new()
                             },
                         };
+                        for &t in &asked {
+                            let _ = wait_stop(t, Duration::from_secs(2));
+                            let _ = ptrace::detach(t, None);
+                        }
                         s.release();
                         return Err(e);
                     }
                 }
-                new += 1;
                 if ptrace::interrupt(t).is_err() {
                     let _ = ptrace::detach(t, None);
                     continue;
                 }
+                asked.push(t);
+            }
+            if asked.is_empty() {
+                break;
+            }
+            let mut failed = None;
+            for t in asked {
                 match wait_stop(t, Duration::from_secs(2)) {
                     Ok(Some(st)) => s.threads.push(Held {
                         tid: t,
@@ -130,13 +149,13 @@ impl Stopped {
                     Ok(None) => {}
                     Err(e) => {
                         let _ = ptrace::detach(t, None);
-                        s.release();
-                        return Err(e);
+                        failed.get_or_insert(e);
                     }
                 }
             }
-            if new == 0 {
-                break;
+            if let Some(e) = failed {
+                s.release();
+                return Err(e);
             }
         }
         if s.threads.is_empty() {
