@@ -29,6 +29,19 @@ pub struct Stopped {
     pub threads: Vec<Held>,
 }
 
+/// Whether thread `tid` of process `pid` is ending or gone: its state in
+/// `/proc` is zombie or dead, or it is not listed any more.
+fn exiting(pid: i32, tid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) {
+        // The state follows the command name's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|c| matches!(c, 'Z' | 'X' | 'x')),
+        Err(_) => true,
+    }
+}
+
 /// The thread ids of process `pid`.
 pub fn tids(pid: i32) -> Result<Vec<i32>> {
     let dir = format!("/proc/{pid}/task");
@@ -112,6 +125,10 @@ impl Stopped {
                 match ptrace::seize(t, ptrace::Options::empty()) {
                     Ok(()) => {}
                     Err(Errno::ESRCH) => continue,
+                    // The kernel refuses to trace a thread that is exiting
+                    // (a runtime thread ending at the detach, say) with
+                    // EPERM: it is gone, not forbidden.
+                    Err(Errno::EPERM) if exiting(pid, tid) => continue,
                     Err(errno) => {
                         let e = AttachError::Ptrace {
                             pid,
