@@ -37,6 +37,11 @@ const SKIP: u64 = 1024;
 pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &str, limit: Duration) -> Result<u64> {
     let pid = mem.pid();
     let saved = ptrace::getregs(tid).map_err(|e| AttachError::Other(format!("registers of {tid}: {e}")))?;
+    // The vector and floating-point registers too: the call runs code
+    // that uses them (`memcpy`, the runtime's start), and a thread stopped
+    // in the middle of vector code (a hash table's SSE2 probe, say) would
+    // go on with another's values in them.
+    let xstate = Xstate::save(tid)?;
     let data_at = (saved.rsp - SKIP - data.len() as u64) & !15;
     // At a function's first instruction, rsp + 8 is 16-byte aligned.
     let ret_slot = ((data_at - 64) & !15) - 8;
@@ -81,6 +86,7 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
             }
             // A fault of the call itself: put the thread back and say so.
             ptrace::setregs(tid, restored).ok();
+            xstate.restore(tid).ok();
             held.release()?;
             mem.write(lo, &old)?;
             return Err(AttachError::Other(format!(
@@ -92,8 +98,60 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
     };
     mem.write(lo, &old)?;
     ptrace::setregs(tid, restored).map_err(|e| AttachError::Other(format!("restoring registers of {tid}: {e}")))?;
+    xstate.restore(tid)?;
     held.release()?;
     Ok(result)
+}
+
+/// A thread's extended register state (`NT_X86_XSTATE`: x87, SSE, AVX,
+/// AVX-512 and the rest its XSAVE area holds), as the kernel gives it.
+pub struct Xstate(Vec<u8>);
+
+/// `NT_X86_XSTATE`, the regset of the XSAVE area.
+const NT_X86_XSTATE: libc::c_int = 0x202;
+
+impl Xstate {
+    /// Reads stopped, traced thread `tid`'s XSAVE area.
+    pub fn save(tid: Pid) -> Result<Xstate> {
+        // Larger than any XSAVE area (AVX-512 with AMX tiles is ~11 KiB);
+        // the kernel says how much it wrote.
+        let mut buf = vec![0u8; 16 << 10];
+        let n = regset(libc::PTRACE_GETREGSET, tid, &mut buf)
+            .map_err(|e| AttachError::Other(format!("vector registers of {tid}: {e}")))?;
+        buf.truncate(n);
+        Ok(Xstate(buf))
+    }
+
+    /// Writes the saved area back to stopped, traced thread `tid`.
+    pub fn restore(&self, tid: Pid) -> Result<()> {
+        regset(libc::PTRACE_SETREGSET, tid, &mut self.0.clone())
+            .map(|_| ())
+            .map_err(|e| AttachError::Other(format!("restoring vector registers of {tid}: {e}")))
+    }
+}
+
+/// `PTRACE_GETREGSET` or `PTRACE_SETREGSET` of `NT_X86_XSTATE` with
+/// `buf`; the bytes the kernel read or wrote.
+fn regset(request: libc::c_uint, tid: Pid, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: the kernel reads or writes at most `iov_len` bytes of the
+    // buffer `iov` describes, which `buf` owns, and sets `iov_len` to how
+    // many.
+    let rc = unsafe {
+        libc::ptrace(
+            request,
+            tid.as_raw(),
+            NT_X86_XSTATE as usize as *mut libc::c_void,
+            &mut iov as *mut libc::iovec,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(iov.iov_len)
 }
 
 /// The registers to put back after a call: `saved`, but a system call

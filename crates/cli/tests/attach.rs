@@ -655,3 +655,34 @@ fn an_attached_process_has_no_page_writable_and_executable_unless_asked() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The thread the attach borrows for its remote calls (`dlopen`, the
+/// runtime's start) gets its vector registers back, not only its general
+/// ones: `tests/c/vector.c`, one thread holding values in xmm0-xmm15
+/// across a long loop, says whether they changed. (Before the attach saved
+/// the XSAVE area, every attach clobbered them; in the Rust service a
+/// thread stopped inside a hash table's SSE2 probe then missed a key it
+/// held, once in a CI run.)
+#[test]
+fn the_borrowed_thread_keeps_its_vector_registers() {
+    let dir = scratch("attach-vector");
+    let bin = dir.join("vector");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/vector.c");
+    let st = Command::new("gcc")
+        .args(["-O2", "-fpatchable-function-entry=5"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .expect("gcc");
+    assert!(st.success());
+    for round in 0..3 {
+        let child = spawn(&bin, &["2"]);
+        std::thread::sleep(Duration::from_millis(300));
+        let (ok, err) = attach_for(child.id(), "0.2", &dir.join(format!("out{round}")), &dir);
+        assert!(ok, "{err}");
+        let (got, rc) = finish(child);
+        assert_eq!((got.as_str(), rc), ("intact\n", Some(0)), "round {round}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
