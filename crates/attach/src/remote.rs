@@ -41,7 +41,7 @@ pub fn call(mem: &Mem, tid: Pid, func: u64, args: &[u64], data: &[u8], what: &st
     // that uses them (`memcpy`, the runtime's start), and a thread stopped
     // in the middle of vector code (a hash table's SSE2 probe, say) would
     // go on with another's values in them.
-    let xstate = Xstate::save(tid)?;
+    let mut xstate = Xstate::save(tid)?;
     let data_at = (saved.rsp - SKIP - data.len() as u64) & !15;
     // At a function's first instruction, rsp + 8 is 16-byte aligned.
     let ret_slot = ((data_at - 64) & !15) - 8;
@@ -123,8 +123,8 @@ impl Xstate {
     }
 
     /// Writes the saved area back to stopped, traced thread `tid`.
-    pub fn restore(&self, tid: Pid) -> Result<()> {
-        regset(libc::PTRACE_SETREGSET, tid, &mut self.0.clone())
+    pub fn restore(&mut self, tid: Pid) -> Result<()> {
+        regset(libc::PTRACE_SETREGSET, tid, &mut self.0)
             .map(|_| ())
             .map_err(|e| AttachError::Other(format!("restoring vector registers of {tid}: {e}")))
     }

@@ -24,8 +24,11 @@
 //!   handlers (`crate::fork`) give the child a copy of its own.
 
 use crate::error::Error;
-use crate::geometry::PAGE_SIZE;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+/// The protection of aliased code: only mappings that are read+execute
+/// (not writable) are aliased, and they keep it.
+pub(crate) const CODE_PROT: i32 = libc::PROT_READ | libc::PROT_EXEC;
 
 /// The most mappings that can be aliased at once.
 pub const MAX_REGIONS: usize = 256;
@@ -36,7 +39,6 @@ pub(crate) struct Region {
     pub(crate) start: AtomicUsize,
     pub(crate) len: AtomicUsize,
     pub(crate) alias: AtomicUsize,
-    pub(crate) prot: AtomicUsize,
     /// The file offset of `start`, and the file's path (cut as
     /// [`memfd_name`] cuts it), for the names of a fork child's copies.
     file_off: AtomicUsize,
@@ -59,7 +61,6 @@ impl Region {
             start: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
             alias: AtomicUsize::new(0),
-            prot: AtomicUsize::new(0),
             file_off: AtomicUsize::new(0),
             path: [const { AtomicU8::new(0) }; PATH_ROOM],
             path_len: AtomicUsize::new(0),
@@ -67,7 +68,7 @@ impl Region {
     }
 
     /// Fills a free slot (the caller has found `len` 0 and holds the lock).
-    fn fill(&self, start: usize, len: usize, alias: usize, prot: usize, file_off: usize, path: &[u8]) {
+    fn fill(&self, start: usize, len: usize, alias: usize, file_off: usize, path: &[u8]) {
         let path = &path[path.len().saturating_sub(PATH_ROOM)..];
         for (d, &b) in self.path.iter().zip(path) {
             d.store(b, Ordering::Relaxed);
@@ -76,7 +77,6 @@ impl Region {
         self.file_off.store(file_off, Ordering::Relaxed);
         self.start.store(start, Ordering::Relaxed);
         self.alias.store(alias, Ordering::Relaxed);
-        self.prot.store(prot, Ordering::Relaxed);
         self.len.store(len, Ordering::Release);
     }
 }
@@ -132,11 +132,11 @@ fn errno() -> i32 {
 }
 
 /// Aliases `len` bytes of code at `start` (page-aligned, one mapping,
-/// readable, not writable, protection `prot`), mapped from `path` at
+/// readable, not writable, mapped [`CODE_PROT`]), mapped from `path` at
 /// `file_off` (empty for anonymous code). Returns the alias's address.
 /// The caller holds the page set's lock, which keeps every other writer of
 /// this crate off these pages until they are recorded.
-pub(crate) fn create(start: usize, len: usize, prot: i32, file_off: usize, path: &str) -> Result<usize, Error> {
+pub(crate) fn create(start: usize, len: usize, file_off: usize, path: &str) -> Result<usize, Error> {
     let _pass = crate::gate::pass();
     let slot = REGIONS
         .iter()
@@ -176,7 +176,7 @@ pub(crate) fn create(start: usize, len: usize, prot: i32, file_off: usize, path:
     // bytes (just copied) and the same protection. A thread running these
     // pages meanwhile runs identical bytes from the old or the new pages
     // (module doc).
-    let mapped = unsafe { map_over(start, len, prot, fd) };
+    let mapped = unsafe { map_over(start, len, CODE_PROT, fd) };
     let e = errno();
     // SAFETY: our own descriptor; the mappings keep the memory.
     unsafe { libc::close(fd) };
@@ -185,7 +185,7 @@ pub(crate) fn create(start: usize, len: usize, prot: i32, file_off: usize, path:
         unsafe { libc::munmap(alias, len) };
         return Err(fail("mmap code", e));
     }
-    REGIONS[slot].fill(start, len, alias as usize, prot as usize, file_off, path.as_bytes());
+    REGIONS[slot].fill(start, len, alias as usize, file_off, path.as_bytes());
     Ok(alias as usize)
 }
 
@@ -249,7 +249,6 @@ pub(crate) fn forget(from: usize, to: usize) {
         // to be unmapped; nothing of this crate writes it any more (its
         // pages are being forgotten under the same lock).
         unsafe { libc::munmap((alias + lo - start) as *mut libc::c_void, hi - lo) };
-        let prot = r.prot.load(Ordering::Relaxed);
         let file_off = r.file_off.load(Ordering::Relaxed);
         let mut path = [0u8; PATH_ROOM];
         let path_len = r.path_len.load(Ordering::Relaxed);
@@ -260,31 +259,24 @@ pub(crate) fn forget(from: usize, to: usize) {
         // What is left below and above the forgotten part.
         for (s, e) in [(start, lo), (hi, start + len)] {
             if s < e {
-                add_region(
-                    s,
-                    e - s,
-                    alias + s - start,
-                    prot,
-                    file_off + s - start,
-                    &path[..path_len],
-                );
+                add_region(s, e - s, alias + s - start, file_off + s - start, &path[..path_len]);
             }
         }
     }
 }
 
-fn add_region(start: usize, len: usize, alias: usize, prot: usize, file_off: usize, path: &[u8]) {
+fn add_region(start: usize, len: usize, alias: usize, file_off: usize, path: &[u8]) {
     // A split frees one slot and takes at most two; with every slot taken
     // the rest of the region cannot be recorded, and a fork child would
     // then share those pages: rare enough (256 regions) to accept.
     if let Some(r) = REGIONS.iter().find(|r| r.len.load(Ordering::Acquire) == 0) {
-        r.fill(start, len, alias, prot, file_off, path);
+        r.fill(start, len, alias, file_off, path);
     }
 }
 
 /// Pages aliased so far, summed over the regions.
 pub fn aliased_bytes() -> usize {
-    REGIONS.iter().map(|r| r.len.load(Ordering::Acquire)).sum::<usize>() / PAGE_SIZE * PAGE_SIZE
+    REGIONS.iter().map(|r| r.len.load(Ordering::Acquire)).sum()
 }
 
 #[cfg(test)]
@@ -307,7 +299,7 @@ mod tests {
     fn a_region_s_name_written_without_allocating_is_memfd_name() {
         let r = Region::new();
         for (off, path) in [(0usize, ""), (0x1000, "/usr/bin/my prog"), (0xdead_beef, "/x")] {
-            r.fill(1, 1, 1, 5, off, path.as_bytes());
+            r.fill(1, 1, 1, off, path.as_bytes());
             let mut buf = [0u8; 256];
             let n = name_of(&r, &mut buf);
             assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), memfd_name(off as u64, path));

@@ -21,7 +21,7 @@
 //! shares all memory until it calls `exec`. A `fork` copies the aliased
 //! code.
 
-use crate::alias::{map_over, new_memfd, MAX_REGIONS, REGIONS};
+use crate::alias::{map_over, new_memfd, CODE_PROT, MAX_REGIONS, REGIONS};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
 /// One fork at a time.
@@ -189,13 +189,12 @@ fn take_copies() {
             continue;
         }
         let (start, alias) = (r.start.load(Ordering::Relaxed), r.alias.load(Ordering::Relaxed));
-        let prot = r.prot.load(Ordering::Relaxed) as i32;
         // SAFETY: replaces this child's alias and code mappings of the
         // region with private-to-the-child mappings of a copy of the same
         // bytes; the child has one thread, which is here.
         unsafe {
             map_over(alias, len, libc::PROT_READ | libc::PROT_WRITE, fd);
-            map_over(start, len, prot, fd);
+            map_over(start, len, CODE_PROT, fd);
             libc::close(fd);
         }
     }

@@ -31,7 +31,7 @@ static CLOSER_PID: AtomicI32 = AtomicI32::new(0);
 static CLOSER_TID: AtomicI32 = AtomicI32::new(0);
 /// What a fork child runs when a store finds the gate closed before the
 /// child's fork handler ran (`crate::fork` sets it): its copy of the code.
-static CHILD_HOOK: AtomicUsize = AtomicUsize::new(0);
+static CHILD_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
@@ -86,7 +86,7 @@ pub(crate) fn enabled() -> bool {
 /// Sets what a fork child runs when one of its stores finds the gate
 /// closed (see `CHILD_HOOK`).
 pub(crate) fn set_child_hook(f: fn()) {
-    CHILD_HOOK.store(f as usize, Ordering::Release);
+    let _ = CHILD_HOOK.set(f);
 }
 
 /// Closes the gate and waits until no store is in progress. Called by the
@@ -212,13 +212,9 @@ fn closed_for() -> Option<Pass> {
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
     if pid != CLOSER_PID.load(Ordering::SeqCst) {
         // A fork child whose fork handler has not run yet.
-        match CHILD_HOOK.load(Ordering::Acquire) {
-            0 => reset_in_child(),
-            f => {
-                // SAFETY: only `set_child_hook` stores here, a `fn()`.
-                let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(f) };
-                f();
-            }
+        match CHILD_HOOK.get() {
+            Some(f) => f(),
+            None => reset_in_child(),
         }
         return None;
     }

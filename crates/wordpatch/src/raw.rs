@@ -148,8 +148,8 @@ pub unsafe fn store_plain(addr: *mut u8, bytes: &[u8]) -> bool {
 /// The bytes' pages were made writable ([`make_writable`](crate::make_writable)),
 /// and no thread executes them until the call returns.
 pub unsafe fn store_unexecuted(addr: *mut u8, bytes: &[u8]) {
+    let _pass = crate::gate::pass();
     for (i, &b) in bytes.iter().enumerate() {
-        let _pass = crate::gate::pass();
         let a = crate::writable::target(addr as usize + i);
         // SAFETY: the caller guarantees the page is writable (its alias is
         // where `target` points) and that no thread runs the byte.

@@ -276,9 +276,8 @@ fn alias_mapping(m: &Mapping<'_>, count: &mut usize) -> Result<usize, Error> {
     // Before any page is published: a store that finds one of them must
     // look for its alias.
     ALIASES.store(true, Ordering::Release);
-    let prot = libc::PROT_READ | libc::PROT_EXEC;
     let path = if m.path.starts_with('/') { m.path } else { "" };
-    let alias = crate::alias::create(m.start, m.end - m.start, prot, m.offset, path)?;
+    let alias = crate::alias::create(m.start, m.end - m.start, m.offset, path)?;
     let delta = alias.wrapping_sub(m.start);
     for page in (m.start..m.end).step_by(PAGE_SIZE) {
         insert_with(page, delta);
