@@ -251,15 +251,20 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
         "5000000",
     ]);
     assert_clean(&run, 2 * (5 + 6 + 5 + 6), 100_000);
-    let seen_both = |run: &Run| {
+    // Every configuration is W^X; those given, the executors saw both
+    // states: the stores through the alias reached the code they ran.
+    let seen_both = |run: &Run, only: &str| {
         for l in run.stdout.lines().filter(|l| l.starts_with("RESULT ")) {
             assert!(l.contains(",wx "), "not a W^X configuration: {l}");
+            if !l.contains(only) {
+                continue;
+            }
             let on = l.split(" on=").nth(1).and_then(|v| v.split(' ').next()).unwrap_or("0");
             let off = l.split(" off=").nth(1).and_then(|v| v.split(' ').next()).unwrap_or("0");
             assert!(on != "0" && off != "0", "the executors did not see both states: {l}");
         }
     };
-    seen_both(&run);
+    seen_both(&run, "");
     if wordpatch::ensure_sync_core().is_ok() {
         let run = stress(&[
             "--wx",
@@ -271,7 +276,13 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
             "1",
         ]);
         assert_clean(&run, 2 * 5, 100);
-        seen_both(&run);
+        // In line only: a straddler's SyncCore toggle back on starts right
+        // after its toggle off ends, and cold executors, trapped on the
+        // INT3 meanwhile, once saw the off state in none of 34,304 toggles.
+        // At straddling splits the toggler's read-back of each state (a
+        // toggle error fails the trial) and the two-store control below
+        // show the alias's stores reaching the code.
+        seen_both(&run, ",split=0,");
     } else {
         eprintln!("SyncCore part skipped: no membarrier SYNC_CORE");
     }
