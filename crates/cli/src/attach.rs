@@ -31,7 +31,7 @@ docs/attach.md.
 options:
   --duration S      seconds to stay attached (default: until Ctrl-C)
   and those of `fastinst run` that configure the runtime: --tool, --out,
-  --samples, --epoch-ms, --windows, --no-cpu, --functions, --exclude,
+  --samples, --epoch-ms, --windows, --density, --no-cpu, --functions, --exclude,
   --modules, --min-duration, --depth, --inlined, --strategy, --log, --lib
   (not --signal, --client or --print)
   --no-wx           patch code in place (pages read+write+execute) instead

@@ -23,7 +23,9 @@ commands:
   set KEY=VALUE...  changes the profiler's sampling settings from its next
                     epoch, all or none: samples=2..1000 (calls timed per
                     function an epoch), windows=1..64 (counting windows per
-                    function an epoch), epoch-ms=1..1000; answers with the
+                    function an epoch), density=1..1000 (counting hooks per
+                    1,000 ticks the open windows may run), epoch-ms=1..1000;
+                    answers with the
                     settings as they now stand
   detach            only for `fastinst attach`'s socket, and only through
                     it: press Ctrl-C there (it also puts the sleds' bytes

@@ -31,6 +31,10 @@ options:
   --windows N       profiler: counting windows per busy function per
                     epoch, 1 to 64 (default 2): more, tighter call
                     estimates at more cost
+  --density D       profiler: counting hooks per 1,000 ticks of program
+                    time that the open counting windows may run together, 1
+                    to 1000 (default 40): lower counts less and drops more
+                    of the planned windows, cheaper and less accurate
   --no-cpu          profiler: no CPU samples (self time from call times)
   --functions GLOBS every tool: probe only the functions matching one of
                     these comma-separated globs (`*`, `?`); the others'
@@ -154,6 +158,13 @@ pub(crate) fn runtime_option<'a>(a: &mut Args<'a>, name: &'a str, i: Option<&'a 
                 return Err(a.usage(format!("{n}: {w} is not in 1 to 64")));
             }
             r.env.push(("FASTINST_PROFILE_WINDOWS", w.to_string()));
+        }
+        (n @ "--density", i) => {
+            let d: u32 = a.parsed(n, i, "a whole number")?;
+            if !(1..=1000).contains(&d) {
+                return Err(a.usage(format!("{n}: {d} is not in 1 to 1000")));
+            }
+            r.env.push(("FASTINST_PROFILE_DENSITY", d.to_string()));
         }
         (n @ "--tool", i) => {
             let v = a.value(n, i)?;

@@ -162,6 +162,7 @@ fn takes_value(name: &str) -> bool {
             | "--samples"
             | "--epoch-ms"
             | "--windows"
+            | "--density"
             | "--functions"
             | "--exclude"
             | "--modules"

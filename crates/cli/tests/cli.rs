@@ -825,6 +825,8 @@ fn every_run_option_reaches_the_runtime() {
             "5",
             "--windows",
             "3",
+            "--density",
+            "15",
             "--no-cpu",
             "--inlined",
             "--out",
@@ -845,6 +847,7 @@ fn every_run_option_reaches_the_runtime() {
     assert_eq!(s["samples_per_window"].as_u64(), Some(20), "{s}");
     assert_eq!(s["epoch_ms"].as_f64(), Some(5.0), "{s}");
     assert_eq!(s["windows"].as_u64(), Some(3), "{s}");
+    assert_eq!(s["density"].as_u64(), Some(15), "{s}");
     assert_eq!(s["inlined"].as_bool(), Some(true), "{s}");
     assert_eq!(s["cpu_samples"].as_bool(), Some(false), "{s}");
     assert!(j["cpu"].is_null(), "no CPU samples were asked for");

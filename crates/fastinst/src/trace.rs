@@ -603,6 +603,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             epoch_ms: 0.0,
             inlined: t.inlined,
             windows: 0,
+            density: 0,
             cpu_samples: false,
             drawn: false,
             changed: 0,

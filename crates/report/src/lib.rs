@@ -303,6 +303,11 @@ pub struct SettingsOut {
     /// traces.
     #[serde(default)]
     pub windows: u32,
+    /// Counting hooks per 1,000 ticks of program time that the open
+    /// windows could run together (`FASTINST_PROFILE_DENSITY`); 0 in
+    /// reports written before the setting existed and in traces.
+    #[serde(default)]
+    pub density: u32,
     /// Whether CPU samples were asked for (`FASTINST_PROFILE_CPU`); false
     /// in reports before schema 3 and in traces.
     #[serde(default)]
@@ -829,6 +834,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             epoch_ms: 10.0,
             inlined: false,
             windows: 2,
+            density: 40,
             cpu_samples: true,
             drawn: true,
             changed: 0,

@@ -21,8 +21,8 @@
 //! calls drawn inside the windows read it at 4-6 ns.
 
 /// The largest shift: a timed call stands for at most `2^16` calls. A
-/// window holds at most a few tens of thousands of counted calls (one per
-/// [`super::schedule::DENSITY`]'s worth of exposure, over at most
+/// window holds at most a few tens of thousands of counted calls (the
+/// density setting's counted calls per tick of exposure, over at most
 /// [`super::schedule::MAX_WINDOW_US`]), so this bound is seldom reached;
 /// where it is, more calls are timed than wanted, and none is lost.
 pub const MAX_SHIFT: u8 = 16;

@@ -16,12 +16,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The settings a `set` may change, and their bounds.
-pub(crate) const KEYS: &str = "samples=2..1000, windows=1..64, epoch-ms=1..1000";
+pub(crate) const KEYS: &str = "samples=2..1000, windows=1..64, density=1..1000, epoch-ms=1..1000";
 
 /// The live sampling settings.
 pub(crate) struct Live {
     samples: AtomicU32,
     windows: AtomicU32,
+    density: AtomicU32,
     epoch_ns: AtomicU64,
     whole_overflow: AtomicU64,
     changes: AtomicU32,
@@ -32,6 +33,7 @@ impl Live {
         let l = Live {
             samples: AtomicU32::new(s.samples),
             windows: AtomicU32::new(s.windows as u32),
+            density: AtomicU32::new(s.density),
             epoch_ns: AtomicU64::new(s.epoch.as_nanos() as u64),
             whole_overflow: AtomicU64::new(0),
             changes: AtomicU32::new(0),
@@ -48,6 +50,17 @@ impl Live {
     /// Counting windows per windowed function per epoch.
     pub(crate) fn windows(&self) -> usize {
         self.windows.load(Ordering::Relaxed) as usize
+    }
+
+    /// Counting hooks per tick of program time that the open windows may
+    /// run together ([`Settings::density`] over 1,000).
+    pub(crate) fn density(&self) -> f64 {
+        f64::from(self.density.load(Ordering::Relaxed)) / 1000.0
+    }
+
+    /// [`Settings::density`] as set.
+    pub(crate) fn density_setting(&self) -> u32 {
+        self.density.load(Ordering::Relaxed)
     }
 
     /// The epoch's mean length.
@@ -78,28 +91,26 @@ impl Live {
         self.whole_overflow.store(o, Ordering::Relaxed);
     }
 
-    /// Applies `KEY=VALUE` words (`samples`, `windows`, `epoch-ms`), all
+    /// Applies `KEY=VALUE` words (`samples`, `windows`, `density`,
+    /// `epoch-ms`), all
     /// or none: a word that does not parse or is out of bounds changes
     /// nothing and says why. Returns the settings as they now stand.
     pub(crate) fn set(&self, words: &str) -> Result<String, String> {
         let mut samples = None;
         let mut windows = None;
+        let mut density = None;
         let mut epoch = None;
         for w in words.split_whitespace() {
             let (k, v) = w
                 .split_once('=')
                 .ok_or_else(|| format!("`{w}` is not KEY=VALUE ({KEYS})"))?;
             let bad = || format!("`{w}`: out of bounds ({KEYS})");
+            let within =
+                |r: std::ops::RangeInclusive<u32>| v.parse::<u32>().ok().filter(|n| r.contains(n)).ok_or_else(bad);
             match k {
-                "samples" => {
-                    samples = Some(
-                        v.parse::<u32>()
-                            .ok()
-                            .filter(|n| (2..=1000).contains(n))
-                            .ok_or_else(bad)?,
-                    )
-                }
-                "windows" => windows = Some(v.parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(bad)?),
+                "samples" => samples = Some(within(2..=1000)?),
+                "windows" => windows = Some(within(1..=64)?),
+                "density" => density = Some(within(1..=1000)?),
                 "epoch-ms" => {
                     let ms = v
                         .parse::<f64>()
@@ -111,7 +122,7 @@ impl Live {
                 _ => return Err(format!("unknown setting `{k}` ({KEYS})")),
             }
         }
-        if samples.is_none() && windows.is_none() && epoch.is_none() {
+        if samples.is_none() && windows.is_none() && density.is_none() && epoch.is_none() {
             return Err(format!("nothing to set ({KEYS})"));
         }
         if let Some(n) = samples {
@@ -119,6 +130,9 @@ impl Live {
         }
         if let Some(n) = windows {
             self.windows.store(n, Ordering::Relaxed);
+        }
+        if let Some(n) = density {
+            self.density.store(n, Ordering::Relaxed);
         }
         if let Some(ns) = epoch {
             self.epoch_ns.store(ns, Ordering::Relaxed);
@@ -128,12 +142,13 @@ impl Live {
         Ok(self.describe())
     }
 
-    /// `samples=K windows=W epoch-ms=E`.
+    /// `samples=K windows=W density=D epoch-ms=E`.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "samples={} windows={} epoch-ms={}",
+            "samples={} windows={} density={} epoch-ms={}",
             self.samples(),
             self.windows(),
+            self.density_setting(),
             self.epoch().as_secs_f64() * 1e3
         )
     }
@@ -147,11 +162,13 @@ mod tests {
     fn a_set_changes_all_it_names_or_nothing() {
         let l = Live::new(&Settings::default());
         let before = l.describe();
-        assert_eq!(before, "samples=10 windows=2 epoch-ms=10");
+        assert_eq!(before, "samples=10 windows=2 density=40 epoch-ms=10");
         assert_eq!(l.whole_overflow(), window::WHOLE_OVERFLOW);
         for bad in [
             "samples=1",
             "samples=40 windows=0",
+            "density=0",
+            "density=1001 samples=40",
             "epoch-ms=x",
             "color=red",
             "samples",
@@ -162,9 +179,10 @@ mod tests {
         }
         assert_eq!(l.changes(), 0);
         assert_eq!(
-            l.set("samples=40 epoch-ms=20").unwrap(),
-            "samples=40 windows=2 epoch-ms=20"
+            l.set("samples=40 epoch-ms=20 density=10").unwrap(),
+            "samples=40 windows=2 density=10 epoch-ms=20"
         );
+        assert_eq!(l.density(), 0.01);
         assert_eq!(
             (l.samples(), l.windows(), l.epoch()),
             (40, 2, Duration::from_millis(20))

@@ -375,6 +375,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             epoch_ms: p.live.epoch().as_secs_f64() * 1e3,
             inlined: p.settings.inlined,
             windows: p.live.windows() as u32,
+            density: p.live.density_setting(),
             changed: p.live.changes(),
             cpu_samples: p.settings.cpu_samples,
             drawn: true,

@@ -14,7 +14,8 @@
 //! (about every [`WAKE_US`], each interval drawn from half to one and a
 //! half times it, so that they keep no step with the program): a window
 //! opens at the first wake-up past its time, if the windows open leave
-//! room for it under a [`DENSITY`] of counted calls per tick of exposure (a
+//! room for it under the density setting's counted calls per tick of
+//! exposure ([`Settings::density`](super::Settings::density); a
 //! function busier than that alone is open alone; one without room waits,
 //! and the windows planned after it wait behind it, so none starves), and
 //! closes at the first wake-up past its length. So a window is a stretch of time that nothing
@@ -33,7 +34,7 @@
 //! the sampler (`super::exposure`). Every hook times itself, so a window's
 //! exposure has its counting hooks' time taken off, to within the few
 //! ticks a hook's stamps cannot see; that error weighs in proportion to
-//! the counted calls per tick in the window: hence [`DENSITY`]. (Counting
+//! the counted calls per tick in the window: hence the density. (Counting
 //! hooks that did not time themselves, at a third of the cost, had their
 //! cost calibrated in a loop, which missed what they cost in a real
 //! program: interpreters' busiest functions read well under their calls;
@@ -41,6 +42,7 @@
 
 use super::choose;
 use super::exposure::{Exposure, Reading};
+use super::functions::Func;
 use super::state::State;
 use super::window::Kind;
 use crate::probe::Handler;
@@ -51,10 +53,6 @@ use wordpatch::tsc;
 /// The sampler's mean interval between wake-ups
 /// (microseconds).
 pub const WAKE_US: u64 = 150;
-
-/// Counted calls per tick of exposure that the windows open at one time
-/// may hold together.
-pub const DENSITY: f64 = 1.0 / 100.0;
 
 /// Calls a window aims to hold.
 pub const TARGET: f64 = 16.0;
@@ -95,7 +93,8 @@ unsafe impl Send for Schedule {}
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Win {
     pub fi: u32,
-    /// Its function's rate when planned (calls per tick of exposure).
+    /// The hooks its function's calls run per tick of exposure, at its
+    /// rate when planned (see [`hooks_per_call`]).
     pub rate: f64,
     /// When it may close (wall TSC).
     pub until: u64,
@@ -116,9 +115,9 @@ pub(crate) struct Inner {
     pub exposure: Exposure,
     /// The exposure when the running epoch began.
     pub epoch_x: f64,
-    /// The windows to open, by time: (wall TSC, function, rate, length in
-    /// ticks, the chance of timing a call in it as a shift, the calls it
-    /// should time).
+    /// The windows to open, by time: (wall TSC, function, hooks per tick
+    /// of exposure, length in ticks, the chance of timing a call in it as a
+    /// shift, the calls it should time).
     queue: Vec<(u64, u32, f64, u64, u8, u32)>,
     next: usize,
     /// The windows open.
@@ -212,9 +211,10 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
         return;
     }
     close(p, s, false);
+    let density = p.live.density();
     let (mut load, mut busy) = (0.0, false);
     for w in &s.open {
-        if w.rate > DENSITY {
+        if w.rate > density {
             busy = true;
         } else {
             load += w.rate;
@@ -232,11 +232,12 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
         if fi == TAKEN {
             continue;
         }
-        // Windows share DENSITY; one busier than that alone is open alone.
-        let fits = if rate > DENSITY {
+        // Windows share the density; one busier than that alone is open
+        // alone.
+        let fits = if rate > density {
             s.open.is_empty()
         } else {
-            !busy && load + rate <= DENSITY
+            !busy && load + rate <= density
         };
         // A busy window that does not fit waits, and so do all planned
         // after it, until the open ones close: letting later windows past
@@ -245,7 +246,7 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
         // their first few windows, their rates extrapolated over it). A
         // smaller one that does not fit lets the rest try.
         if !fits {
-            if rate > DENSITY {
+            if rate > density {
                 break;
             }
             continue;
@@ -263,7 +264,7 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
                 until: len,
                 start: Reading::default(),
             });
-            if rate > DENSITY {
+            if rate > density {
                 busy = true;
             } else {
                 load += rate;
@@ -305,6 +306,20 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
         p.rearm_skipped.fetch_add(1, Ordering::Relaxed);
     }
     true
+}
+
+/// The hooks a call counted in a window of `f` runs: its entry's, and its
+/// exit's where the exit probe is on for every call in the window (a
+/// `-finstrument-functions` build's exit hook call), not only for the
+/// timed ones (a sled's exit, watched from its entry). The density is
+/// shared in hooks, so that a build whose counted calls cost two hooks
+/// counts no more hook time than one whose calls cost one.
+fn hooks_per_call(f: &Func) -> f64 {
+    if f.exits_follow_entry.load(Ordering::Relaxed) {
+        1.0
+    } else {
+        2.0
+    }
 }
 
 /// Closes the open windows whose time is up (every one, with `all`):
@@ -357,7 +372,7 @@ fn close(p: &State, s: &mut Inner, all: bool) {
             continue;
         }
         // SAFETY: the schedule's lock is held.
-        unsafe { f.window.estimate_mut() }.add_window(n, x);
+        unsafe { f.window.estimate_mut() }.add_window(n, x, end.cpu - w.start.cpu, end.hooks - w.start.hooks);
     }
 }
 
@@ -400,6 +415,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
     for j in 0..s.order.len() {
         let (fi, r, more, per_window) = s.order[j];
         let k = (p.live.windows() as f64 * more).round().max(1.0) as usize;
+        let hooks = p.funcs.get(fi).map_or(1.0, hooks_per_call);
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
         let span = len.saturating_sub(wlen).max(1);
         // The weights undo whatever chance is chosen; this one aims at the
@@ -421,7 +437,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
                 break;
             }
             let at = now + next_random(rng) % span;
-            s.queue.push((at, fi, r, wlen, chance, budget));
+            s.queue.push((at, fi, r * hooks, wlen, chance, budget));
             p.counters.windows_planned.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -40,6 +40,13 @@ pub struct Settings {
     /// (`FASTINST_PROFILE_WINDOWS`, default 2; see `schedule`): more
     /// windows, a tighter call estimate and more counting.
     pub windows: usize,
+    /// Counting hooks per 1,000 ticks of program time that the open
+    /// windows may run together (`FASTINST_PROFILE_DENSITY`, 1 to 1,000,
+    /// default 40; see `schedule`): a counted call runs one hook in a sled
+    /// build, two in a `-finstrument-functions` build. The planned windows
+    /// that do not fit wait or are dropped, so a lower density counts less,
+    /// at less cost, and leaves more of the planned windows unopened.
+    pub density: u32,
 }
 
 impl Settings {
@@ -73,6 +80,7 @@ impl Default for Settings {
             sampler: Sampler::Clone,
             inlined: false,
             windows: 2,
+            density: 40,
             cpu_samples: true,
         }
     }
@@ -82,7 +90,8 @@ impl Settings {
     /// Reads `FASTINST_PROFILE_SAMPLES`, `FASTINST_PROFILE_EPOCH_MS`,
     /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number) and
     /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`) and
-    /// `FASTINST_PROFILE_WINDOWS` (1 to 64) and `FASTINST_PROFILE_CPU`
+    /// `FASTINST_PROFILE_WINDOWS` (1 to 64), `FASTINST_PROFILE_DENSITY`
+    /// (1 to 1,000) and `FASTINST_PROFILE_CPU`
     /// (`0`, `1`), and `FASTINST_INLINED` as every tool does
     /// (`FASTINST_INLINED`); an invalid value is reported
     /// and the default kept.
@@ -118,6 +127,14 @@ impl Settings {
                 Ok(n) if (1..=64).contains(&n) => s.windows = n,
                 _ => crate::log::error(format_args!(
                     "FASTINST_PROFILE_WINDOWS: `{v}` is not a number in [1, 64]; using 2"
+                )),
+            }
+        }
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_DENSITY") {
+            match v.trim().parse::<u32>() {
+                Ok(n) if (1..=1000).contains(&n) => s.density = n,
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_DENSITY: `{v}` is not a number in [1, 1000]; using 40"
                 )),
             }
         }
