@@ -276,6 +276,28 @@ fn a_site_written_behind_the_runtimes_back_answers_epatch() {
     }
 }
 
+/// A crash in a program whose code the runtime patched still kills it by
+/// SIGSEGV (the runtime's fault handler raises it again), and the handler
+/// says where: a signal raised again is not logged by the kernel as a
+/// fault is.
+#[test]
+fn a_crash_is_fatal_as_before_and_says_where() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = scratch("crash");
+    for cc in COMPILERS {
+        let bin = dir.join(format!("crash-{cc}"));
+        build(cc, &[&src("crash.c")], &["-O2", "-finstrument-functions"], &bin);
+        let o = run(&bin, &[], &dir, true, &[("FASTINST_TOOL", "count")]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), Some(libc::SIGSEGV), "{cc}: {:?} {err}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "5000050000", "{cc}");
+        assert!(
+            err.contains("fastinst: fatal signal 11 at address 0x10, ip 0x"),
+            "{cc}: {err}"
+        );
+    }
+}
+
 /// A function's own tail-jump exit is keyed by the function; the exits of
 /// its copies inlined elsewhere are `call`s that must still be discovered
 /// (and switched off) on their own, not taken for the tail site's calls,
