@@ -81,6 +81,13 @@ pub struct Timings {
     pub recovered: bool,
     /// From the first thread stopped to all going on again.
     pub all_stopped: Duration,
+    /// Before any thread stopped: the maps, the modules' sled tables and
+    /// hook slots read, and their code checked against the files.
+    pub prepared: Duration,
+    /// The remote `dlopen` of the runtime's library.
+    pub loaded: Duration,
+    /// The remote call that starts the runtime, until its probes are armed.
+    pub started: Duration,
     /// The whole attach, until the runtime had started.
     pub total: Duration,
 }
@@ -460,6 +467,7 @@ fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Resu
         sites: sites.len(),
         ..Timings::default()
     };
+    timings.prepared = began.elapsed();
     let mut tries = 0;
     let (held, stopped_for) = loop {
         let t0 = Instant::now();
@@ -502,7 +510,7 @@ fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Resu
     };
     timings.all_stopped = stopped_for;
     let tid = held.tid;
-    let result = load_and_start(&mem, pid, tid, library, dlopen, dlerror, config);
+    let result = load_and_start(&mem, pid, tid, library, dlopen, dlerror, config, &mut timings);
     let _ = ptrace::detach(tid, held.pending);
     if let Err(e) = result {
         // Leave the process as it was: the sleds' bytes back.
@@ -521,6 +529,7 @@ fn attach_stopped(pid: i32, library: &Path, plan: &Plan, began: Instant) -> Resu
     Ok(timings)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn load_and_start(
     mem: &Mem,
     pid: i32,
@@ -529,7 +538,9 @@ fn load_and_start(
     dlopen: u64,
     dlerror: u64,
     config: &Path,
+    timings: &mut Timings,
 ) -> Result<()> {
+    let t0 = Instant::now();
     let lib = library.to_string_lossy().into_owned();
     let mut path = lib.clone().into_bytes();
     path.push(0);
@@ -551,6 +562,8 @@ fn load_and_start(
         };
         return Err(AttachError::Dlopen { library: lib, message });
     }
+    timings.loaded = t0.elapsed();
+    let t0 = Instant::now();
     let maps = maps::of(pid)?;
     let start = symbol_in(&maps, LIBRARY_NAME, "fastinst_attach_start")?;
     let mut cfg = config.to_string_lossy().into_owned().into_bytes();
@@ -575,6 +588,7 @@ fn load_and_start(
         };
         return Err(AttachError::Start { pid, code, reason });
     }
+    timings.started = t0.elapsed();
     Ok(())
 }
 

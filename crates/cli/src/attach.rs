@@ -149,14 +149,17 @@ pub(crate) fn begin(pid: i32, run: &run::RunArgs) -> Result<fastinst_attach::Ses
         say!("fastinst: {pid} was left attached by a `fastinst attach` that was killed: detached it first (its reports are in its --out)");
     }
     say!(
-        "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction; {} -finstrument-functions hook slots bound)",
+        "fastinst: attached to {} in {:.1} ms ({} threads stopped for {:.2} ms; {} sled sites, {} made one instruction; {} -finstrument-functions hook slots bound; files read and code checked in {:.1} ms, library loaded in {:.1} ms, runtime started in {:.1} ms)",
         pid,
         t.total.as_secs_f64() * 1e3,
         t.threads,
         t.all_stopped.as_secs_f64() * 1e3,
         t.sites,
         t.normalised,
-        t.slots
+        t.slots,
+        t.prepared.as_secs_f64() * 1e3,
+        t.loaded.as_secs_f64() * 1e3,
+        t.started.as_secs_f64() * 1e3
     );
     Ok(session)
 }
