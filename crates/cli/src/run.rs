@@ -33,7 +33,7 @@ options:
                     estimates at more cost
   --density D       profiler: counting hooks per 1,000 ticks of program
                     time that the open counting windows may run together, 1
-                    to 1000 (default 40): lower counts less and drops more
+                    to 1000 (default 20): lower counts less and drops more
                     of the planned windows, cheaper and less accurate
   --no-cpu          profiler: no CPU samples (self time from call times)
   --functions GLOBS every tool: probe only the functions matching one of

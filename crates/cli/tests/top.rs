@@ -142,7 +142,7 @@ fn ctl_asks_a_running_program_for_status_snapshot_and_reports() {
     let o = fastinst(&["ctl", "--socket", s, "set", "samples=40", "epoch-ms=20"], &dir);
     assert_eq!(
         text(&o.stdout).trim(),
-        "ok samples=40 windows=2 density=40 epoch-ms=20",
+        "ok samples=40 windows=2 density=20 epoch-ms=20",
         "{}",
         text(&o.stderr)
     );

@@ -187,7 +187,7 @@ mod tests {
                 epoch_ms: x(),
                 inlined: true,
                 windows: 3,
-                density: 40,
+                density: 20,
                 cpu_samples: true,
                 drawn: true,
                 changed: 0,

@@ -834,7 +834,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             epoch_ms: 10.0,
             inlined: false,
             windows: 2,
-            density: 40,
+            density: 20,
             cpu_samples: true,
             drawn: true,
             changed: 0,

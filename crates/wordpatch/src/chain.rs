@@ -90,7 +90,11 @@ unsafe fn report_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     line.push(b"fastinst: fatal signal ");
     line.dec(sig.unsigned_abs().into());
     // SAFETY: a fault's siginfo carries its address.
-    let addr = if info.is_null() { 0 } else { unsafe { (*info).si_addr() as u64 } };
+    let addr = if info.is_null() {
+        0
+    } else {
+        unsafe { (*info).si_addr() as u64 }
+    };
     line.push(b" at address ");
     line.hex(addr);
     let ip = if ctx.is_null() {

@@ -162,7 +162,7 @@ mod tests {
     fn a_set_changes_all_it_names_or_nothing() {
         let l = Live::new(&Settings::default());
         let before = l.describe();
-        assert_eq!(before, "samples=10 windows=2 density=40 epoch-ms=10");
+        assert_eq!(before, "samples=10 windows=2 density=20 epoch-ms=10");
         assert_eq!(l.whole_overflow(), window::WHOLE_OVERFLOW);
         for bad in [
             "samples=1",

@@ -42,7 +42,7 @@ pub struct Settings {
     pub windows: usize,
     /// Counting hooks per 1,000 ticks of program time that the open
     /// windows may run together (`FASTINST_PROFILE_DENSITY`, 1 to 1,000,
-    /// default 40; see `schedule`): a counted call runs one hook in a sled
+    /// default 20; see `schedule`): a counted call runs one hook in a sled
     /// build, two in a `-finstrument-functions` build. The planned windows
     /// that do not fit wait or are dropped, so a lower density counts less,
     /// at less cost, and leaves more of the planned windows unopened.
@@ -80,7 +80,7 @@ impl Default for Settings {
             sampler: Sampler::Clone,
             inlined: false,
             windows: 2,
-            density: 40,
+            density: 20,
             cpu_samples: true,
         }
     }
@@ -134,7 +134,7 @@ impl Settings {
             match v.trim().parse::<u32>() {
                 Ok(n) if (1..=1000).contains(&n) => s.density = n,
                 _ => crate::log::error(format_args!(
-                    "FASTINST_PROFILE_DENSITY: `{v}` is not a number in [1, 1000]; using 40"
+                    "FASTINST_PROFILE_DENSITY: `{v}` is not a number in [1, 1000]; using 20"
                 )),
             }
         }
