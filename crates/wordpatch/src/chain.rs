@@ -89,10 +89,10 @@ unsafe fn report_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     let mut line = Line::default();
     line.push(b"fastinst: fatal signal ");
     line.dec(sig.unsigned_abs().into());
-    // SAFETY: a fault's siginfo carries its address.
     let addr = if info.is_null() {
         0
     } else {
+        // SAFETY: a fault's siginfo carries its address.
         unsafe { (*info).si_addr() as u64 }
     };
     line.push(b" at address ");
