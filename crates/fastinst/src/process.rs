@@ -56,6 +56,31 @@ pub fn start_from_env() {
             _ => log::error(format_args!("FASTINST_REWRITE: `{v}` is not 0 or 1; using 1")),
         }
     }
+    // The wait of straddling patches, resolved before any patch: with
+    // SyncCore that registers for membarrier, and the kernel makes a
+    // registration wait out an RCU grace period once a second thread
+    // shares the memory (none while there is one). Left to the first
+    // straddling patch, it landed after the profiler's sampler had started
+    // and made that patch, and the run's start-up, milliseconds longer.
+    // Preloaded, the process has one thread here and it costs nothing. In
+    // a process with threads (an attach) each registration waits out a
+    // grace period, this one and W^X's: it runs on a thread of its own,
+    // beside the modules' and sleds' reading, and is joined before the
+    // tool arms any probe (the two waits in a row were a good part of a
+    // first attach's start: `crates/benches/results/attach.md`).
+    let resolving = if crate::rawthread::threads_in_process() > 1 {
+        std::thread::Builder::new()
+            .name("fastinst-wait".into())
+            .spawn(wordpatch::default_wait)
+            .ok()
+    } else {
+        None
+    };
+    let resolved = if resolving.is_none() {
+        Some(wordpatch::default_wait())
+    } else {
+        None
+    };
     // W^X: chosen before any code page is made writable. Pages made
     // writable by an earlier start (an attach before) keep their way.
     if let Some(v) = env("FASTINST_WX") {
@@ -65,15 +90,6 @@ pub fn start_from_env() {
             _ => log::error(format_args!("FASTINST_WX: `{v}` is not 0 or 1; using 0")),
         }
     }
-    // The wait of straddling patches, resolved now, while the process has
-    // one thread: with SyncCore that registers for membarrier, and the
-    // kernel makes a registration wait out an RCU grace period once a
-    // second thread shares the memory (none while there is one). Left to
-    // the first straddling patch, it landed after the profiler's sampler
-    // had started and made that patch, and the run's start-up, milliseconds
-    // longer.
-    let (wait, source) = wordpatch::default_wait();
-    log::debug(format_args!("straddler wait {wait:?} ({source:?})"));
     crate::set_strategy(parse_or_warn::<Strategy>("FASTINST_STRATEGY", Strategy::Flip));
     let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::Profile);
     TOOL.store(tool as u8, Ordering::Relaxed);
@@ -108,6 +124,16 @@ pub fn start_from_env() {
             wordpatch::tsc::now().wrapping_sub(t0)
         ));
     }
+    let joined = wordpatch::tsc::now();
+    let (wait, source) = match (resolved, resolving) {
+        (Some(r), _) => r,
+        (None, Some(h)) => h.join().unwrap_or_else(|_| wordpatch::default_wait()),
+        (None, None) => wordpatch::default_wait(),
+    };
+    log::debug(format_args!(
+        "straddler wait {wait:?} ({source:?}); waited {} ticks for it after the sleds",
+        wordpatch::tsc::now().wrapping_sub(joined)
+    ));
     let out_dir = out_dir();
     if let Err(e) = tools::install(tool, &out_dir) {
         log::error(format_args!("FASTINST_TOOL: {e}"));

@@ -180,6 +180,11 @@ fn clock_ns(clock: i64) -> Option<u64> {
     (ret == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// The threads of this process now (`/proc/self/task`), at least 1.
+pub(crate) fn threads_in_process() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count().max(1))
+}
+
 /// Sets the calling thread's timer slack to `ns` (how late the kernel may
 /// end its sleeps to batch wake-ups; 50 us by default).
 pub(crate) fn set_timer_slack(ns: u64) {
