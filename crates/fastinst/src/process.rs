@@ -62,22 +62,17 @@ pub fn start_from_env() {
     // shares the memory (none while there is one). Left to the first
     // straddling patch, it landed after the profiler's sampler had started
     // and made that patch, and the run's start-up, milliseconds longer.
-    // Preloaded, the process has one thread here and it costs nothing. In
-    // a process with threads (an attach) each registration waits out a
-    // grace period, this one and W^X's: it runs on a thread of its own,
-    // beside the modules' and sleds' reading, and is joined before the
-    // tool arms any probe (the two waits in a row were a good part of a
-    // first attach's start: `crates/benches/results/attach.md`).
+    // Preloaded, the process has one thread until the tool starts, and it
+    // costs nothing. In a process with threads (an attach) each
+    // registration waits out a grace period, this one and W^X's: it runs on
+    // a thread of its own, beside the modules' and sleds' reading, and is
+    // joined before the tool arms any probe (the two waits in a row were a
+    // good part of a first attach's start: `crates/benches/results/attach.md`).
     let resolving = if crate::rawthread::threads_in_process() > 1 {
         std::thread::Builder::new()
             .name("fastinst-wait".into())
             .spawn(wordpatch::default_wait)
             .ok()
-    } else {
-        None
-    };
-    let resolved = if resolving.is_none() {
-        Some(wordpatch::default_wait())
     } else {
         None
     };
@@ -125,11 +120,13 @@ pub fn start_from_env() {
         ));
     }
     let joined = wordpatch::tsc::now();
-    let (wait, source) = match (resolved, resolving) {
-        (Some(r), _) => r,
-        (None, Some(h)) => h.join().unwrap_or_else(|_| wordpatch::default_wait()),
-        (None, None) => wordpatch::default_wait(),
-    };
+    // Without the thread (one thread in the process, or none could be
+    // made) it is resolved here, still before any probe is armed; the
+    // result is kept, so a thread that failed leaves it to be resolved
+    // here too.
+    let (wait, source) = resolving
+        .and_then(|h| h.join().ok())
+        .unwrap_or_else(wordpatch::default_wait);
     log::debug(format_args!(
         "straddler wait {wait:?} ({source:?}); waited {} ticks for it after the sleds",
         wordpatch::tsc::now().wrapping_sub(joined)

@@ -2,7 +2,8 @@
 //! unhandled SIGTRAP it writes the signal, RIP, fault address and the bytes at
 //! the site to stderr, then dies of the same signal. It tells a torn
 //! instruction (and which mixture of bytes ran) from any other crash.
-//! Async-signal-safe: fixed buffers, `write(2)`, no allocation.
+//! Async-signal-safe: a fixed buffer (`wordpatch::Line`), `write(2)`, no
+//! allocation.
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
@@ -17,77 +18,49 @@ pub fn set_report_fd(fd: i32) {
     REPORT_FD.store(fd, Ordering::Relaxed);
 }
 
-fn hex(buf: &mut [u8], at: &mut usize, v: u64, digits: usize) {
-    for i in (0..digits).rev() {
-        let d = ((v >> (4 * i)) & 0xF) as u8;
-        if *at < buf.len() {
-            buf[*at] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
-            *at += 1;
-        }
-    }
-}
-
-fn text(buf: &mut [u8], at: &mut usize, s: &[u8]) {
-    for &c in s {
-        if *at < buf.len() {
-            buf[*at] = c;
-            *at += 1;
-        }
-    }
-}
-
 extern "C" fn report(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let mut buf = [0u8; 512];
-    let mut at = 0;
+    let mut l = wordpatch::Line::default();
     // SAFETY: the kernel passes valid siginfo/ucontext to an SA_SIGINFO
     // handler; the site bytes are mapped (the fixture outlives the trial).
     unsafe {
         let rip = (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as u64;
         let addr = (*info).si_addr() as u64;
         let site = SITE.load(Ordering::Relaxed);
-        text(&mut buf, &mut at, b"trial crash: signal ");
-        hex(&mut buf, &mut at, sig as u64, 2);
-        text(&mut buf, &mut at, b" rip ");
-        hex(&mut buf, &mut at, rip, 12);
-        text(&mut buf, &mut at, b" addr ");
-        hex(&mut buf, &mut at, addr, 12);
-        text(&mut buf, &mut at, b" site ");
-        hex(&mut buf, &mut at, site as u64, 12);
+        l.push(b"trial crash: signal ");
+        l.hex_digits(sig as u64, 2);
+        l.push(b" rip ");
+        l.hex_digits(rip, 12);
+        l.push(b" addr ");
+        l.hex_digits(addr, 12);
+        l.push(b" site ");
+        l.hex_digits(site as u64, 12);
         if site != 0 {
-            text(&mut buf, &mut at, b" (rip-site-5 ");
-            hex(&mut buf, &mut at, rip.wrapping_sub(site as u64 + 5), 16);
-            text(&mut buf, &mut at, b") bytes now");
+            l.push(b" (rip-site-5 ");
+            l.hex_digits(rip.wrapping_sub(site as u64 + 5), 16);
+            l.push(b") bytes now");
             for i in 0..6 {
-                text(&mut buf, &mut at, b" ");
-                hex(&mut buf, &mut at, *((site + i) as *const u8) as u64, 2);
+                l.push(b" ");
+                l.hex_digits(*((site + i) as *const u8) as u64, 2);
             }
         }
         if let Some(d) = wordpatch::diagnose(site as *const u8) {
             let now = wordpatch::tsc::now();
-            text(&mut buf, &mut at, b"; in flight: state ");
-            hex(&mut buf, &mut at, d.state as u64, 1);
-            text(&mut buf, &mut at, b" wait ");
-            hex(&mut buf, &mut at, d.wait, 8);
-            text(&mut buf, &mut at, b" now-lock ");
-            hex(&mut buf, &mut at, now.wrapping_sub(d.t_lock), 8);
-            text(&mut buf, &mut at, b" back-lock ");
-            hex(&mut buf, &mut at, d.t_back.wrapping_sub(d.t_lock), 8);
-            text(
-                &mut buf,
-                &mut at,
-                if d.back_by_trap {
-                    b" back by trap"
-                } else {
-                    b" back by patcher"
-                },
-            );
+            l.push(b"; in flight: state ");
+            l.hex_digits(d.state as u64, 1);
+            l.push(b" wait ");
+            l.hex_digits(d.wait, 8);
+            l.push(b" now-lock ");
+            l.hex_digits(now.wrapping_sub(d.t_lock), 8);
+            l.push(b" back-lock ");
+            l.hex_digits(d.t_back.wrapping_sub(d.t_lock), 8);
+            l.push(if d.back_by_trap {
+                b" back by trap"
+            } else {
+                b" back by patcher"
+            });
         }
-        text(&mut buf, &mut at, b"\n");
-        libc::write(
-            REPORT_FD.load(Ordering::Relaxed),
-            buf.as_ptr() as *const libc::c_void,
-            at,
-        );
+        l.push(b"\n");
+        l.write_to(REPORT_FD.load(Ordering::Relaxed));
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(sig, &sa, std::ptr::null_mut());

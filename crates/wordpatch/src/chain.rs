@@ -86,7 +86,7 @@ pub(crate) unsafe fn chain(
 /// # Safety
 /// `info` and `ctx` are the kernel's arguments to an `SA_SIGINFO` handler.
 unsafe fn report_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let mut line = Line::default();
+    let mut line = crate::Line::default();
     line.push(b"fastinst: fatal signal ");
     line.dec(sig.unsigned_abs().into());
     let addr = if info.is_null() {
@@ -118,77 +118,5 @@ unsafe fn report_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
         }
     }
     line.push(b"\n");
-    // SAFETY: write(2) is async-signal-safe; the buffer is ours.
-    unsafe { libc::write(2, line.buf.as_ptr().cast(), line.len) };
-}
-
-/// A line built without allocating.
-struct Line {
-    buf: [u8; 192],
-    len: usize,
-}
-
-impl Default for Line {
-    fn default() -> Line {
-        Line { buf: [0; 192], len: 0 }
-    }
-}
-
-impl Line {
-    fn push(&mut self, s: &[u8]) {
-        for &b in s {
-            if self.len < self.buf.len() {
-                self.buf[self.len] = b;
-                self.len += 1;
-            }
-        }
-    }
-
-    fn dec(&mut self, v: u64) {
-        let mut digits = [0u8; 20];
-        let (mut v, mut n) = (v, 0);
-        loop {
-            digits[n] = b'0' + (v % 10) as u8;
-            n += 1;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        for i in (0..n).rev() {
-            self.push(&[digits[i]]);
-        }
-    }
-
-    fn hex(&mut self, v: u64) {
-        self.push(b"0x");
-        let digits = (64 - v.leading_zeros()).div_ceil(4).max(1);
-        for i in (0..digits).rev() {
-            let d = ((v >> (4 * i)) & 0xF) as u8;
-            self.push(&[if d < 10 { b'0' + d } else { b'a' + d - 10 }]);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Line;
-
-    #[test]
-    fn a_line_holds_hex_numbers_and_stops_at_its_end() {
-        let mut l = Line::default();
-        l.push(b"ip ");
-        l.hex(0x7f00_dead_beef);
-        l.push(b" ");
-        l.hex(0);
-        l.push(b" ");
-        l.dec(11);
-        l.push(b" ");
-        l.dec(0);
-        assert_eq!(&l.buf[..l.len], b"ip 0x7f00deadbeef 0x0 11 0");
-        for _ in 0..100 {
-            l.hex(u64::MAX);
-        }
-        assert_eq!(l.len, l.buf.len());
-    }
+    line.write_to(2);
 }
