@@ -31,6 +31,7 @@
 use crate::error::{EvalError, Result};
 use crate::measure::run_once;
 use crate::programs::{Binary, Program};
+use fastinst::profile::report::Range;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -141,10 +142,18 @@ pub struct PercentileCheck {
     pub name: String,
     /// The trace's p50 and p99 (us).
     pub trace: (f64, f64),
+    /// The trace's own ranges of them: its calls' durations are known to
+    /// the hooks' charges inside them (`None`: a report without them).
+    #[serde(default)]
+    pub trace_ranges: (Option<Range>, Option<Range>),
     /// The profile's, per run.
     pub profile: Vec<(f64, f64)>,
     /// Timed samples behind the profile's, per run.
     pub samples: Vec<u64>,
+    /// The profile's stated 95% ranges of its p50 and p99, per run
+    /// (`None`: a report without them).
+    #[serde(default)]
+    pub ranges: Vec<(Option<Range>, Option<Range>)>,
 }
 
 /// A pass count: `ok` of `of`.
@@ -199,6 +208,34 @@ impl Config {
                 .iter()
                 .flat_map(|t| t.profile.iter().map(move |&(x, sd)| (x - t.trace_ms).abs() <= 3.0 * sd)),
         )
+    }
+
+    /// p50s and p99s whose stated 95% range meets the trace's (each
+    /// counted): whether the two agree within what each says it is
+    /// uncertain by.
+    pub fn ranges_tally(&self) -> Tally {
+        tally(self.percentiles.iter().flat_map(|p| {
+            p.ranges.iter().flat_map(move |&(a, b)| {
+                [
+                    a.is_some_and(|r| agree(r, p.trace.0, p.trace_ranges.0)),
+                    b.is_some_and(|r| agree(r, p.trace.1, p.trace_ranges.1)),
+                ]
+            })
+        }))
+    }
+
+    /// p50s and p99s whose stated 95% range lies within
+    /// [`PERCENTILE_TOLERANCE`] of the figure (each counted): how many the
+    /// report shows unmarked.
+    pub fn narrow_tally(&self) -> Tally {
+        tally(self.percentiles.iter().flat_map(|p| {
+            p.ranges.iter().zip(&p.profile).flat_map(move |(&(a, b), &(x, y))| {
+                [
+                    a.is_some_and(|r| r.within(x, PERCENTILE_TOLERANCE)),
+                    b.is_some_and(|r| r.within(y, PERCENTILE_TOLERANCE)),
+                ]
+            })
+        }))
     }
 
     /// p50s and p99s within target (each counted).
@@ -471,6 +508,7 @@ pub fn compare(
         .map(|t| PercentileCheck {
             name: t.name.clone(),
             trace: (t.p50_us, t.p99_us),
+            trace_ranges: (t.p50_range, t.p99_range),
             profile: runs
                 .iter()
                 .map(|r| r.get(&t.name).map_or((0.0, 0.0), |f| (f.p50_us, f.p99_us)))
@@ -478,6 +516,10 @@ pub fn compare(
             samples: runs
                 .iter()
                 .map(|r| r.get(&t.name).map_or(0, |f| f.calls_sampled))
+                .collect(),
+            ranges: runs
+                .iter()
+                .map(|r| r.get(&t.name).map_or((None, None), |f| (f.p50_range, f.p99_range)))
                 .collect(),
         })
         .collect();
@@ -615,15 +657,24 @@ pub fn parse_perf_report(text: &str) -> BTreeMap<String, f64> {
     m
 }
 
+/// Whether a profile's range `r` agrees with the trace's figure `x`,
+/// whose own range (if it has one) is `traced`: the two ranges meet.
+fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
+    match traced {
+        Some(t) => t.hi.is_none_or(|h| r.lo <= h) && r.hi.is_none_or(|h| t.lo <= h),
+        None => r.contains(x),
+    }
+}
+
 /// The Markdown summary of `configs`.
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | totals in 3 sd | p50/p99 ±10% | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
@@ -633,6 +684,8 @@ pub fn render_markdown(configs: &[Config], header: &str) -> String {
             c.inclusive_tally(),
             c.totals_tally(),
             c.percentiles_tally(),
+            c.ranges_tally(),
+            c.narrow_tally(),
             c.plain_s,
             c.off_s,
             c.profile_s
@@ -688,15 +741,30 @@ pub fn render_detail(c: &Config) -> String {
         let v: Vec<String> = k.profile.iter().map(|(x, sd)| format!("{x:.1} +- {sd:.1}")).collect();
         s.push_str(&format!("- {}: {} vs {:.1}\n", k.name, v.join(", "), k.trace_ms));
     }
-    s.push_str("\npercentiles (us; profile p50/p99 vs trace):\n\n");
+    s.push_str("\npercentiles (us; profile p50/p99 [stated 95% ranges] vs trace [its ranges]):\n\n");
+    let range = |r: &Option<Range>| match r {
+        Some(Range { lo, hi: Some(hi) }) => format!(" [{lo:.2}, {hi:.2}]"),
+        Some(Range { lo, hi: None }) => format!(" [{lo:.2}, -]"),
+        None => String::new(),
+    };
     for k in &c.percentiles {
-        let v: Vec<String> = k.profile.iter().map(|(a, b)| format!("{a:.2}/{b:.2}")).collect();
+        let v: Vec<String> = k
+            .profile
+            .iter()
+            .enumerate()
+            .map(|(i, (a, b))| {
+                let (ra, rb) = k.ranges.get(i).copied().unwrap_or((None, None));
+                format!("{a:.2}{}/{b:.2}{}", range(&ra), range(&rb))
+            })
+            .collect();
         s.push_str(&format!(
-            "- {}: {} vs {:.2}/{:.2} ({} samples)\n",
+            "- {}: {} vs {:.2}{}/{:.2}{} ({} samples)\n",
             k.name,
             v.join(" "),
             k.trace.0,
+            range(&k.trace_ranges.0),
             k.trace.1,
+            range(&k.trace_ranges.1),
             k.samples.first().copied().unwrap_or(0)
         ));
     }
@@ -735,5 +803,52 @@ mod tests {
         };
         assert_eq!(c.calls_tally(), Tally { ok: 1, of: 2 });
         assert_eq!(c.totals_tally(), Tally { ok: 2, of: 3 });
+        let c = Config {
+            percentiles: vec![PercentileCheck {
+                name: "f".into(),
+                trace: (10.0, 100.0),
+                trace_ranges: (None, None),
+                profile: vec![(10.0, 90.0), (12.0, 300.0)],
+                samples: vec![50, 50],
+                // Holds p50; p99 unbounded above, from 95; p50 from 11;
+                // no range for p99.
+                ranges: vec![
+                    (
+                        Some(Range {
+                            lo: 9.0,
+                            hi: Some(11.0),
+                        }),
+                        Some(Range { lo: 95.0, hi: None }),
+                    ),
+                    (
+                        Some(Range {
+                            lo: 11.0,
+                            hi: Some(13.0),
+                        }),
+                        None,
+                    ),
+                ],
+            }],
+            ..Config::default()
+        };
+        assert_eq!(c.ranges_tally(), Tally { ok: 2, of: 4 });
+        assert_eq!(c.percentiles_tally(), Tally { ok: 2, of: 4 });
+        // Both p50 ranges lie within 10% of their figures (10 and 12);
+        // neither p99's does.
+        assert_eq!(c.narrow_tally(), Tally { ok: 2, of: 4 });
+        // The trace's own ranges: the second run's p50 range [11, 13]
+        // meets [10.5, 11.5]; p99 [95, -] meets [80, 96].
+        let mut c = c;
+        c.percentiles[0].trace_ranges = (
+            Some(Range {
+                lo: 10.5,
+                hi: Some(11.5),
+            }),
+            Some(Range {
+                lo: 80.0,
+                hi: Some(96.0),
+            }),
+        );
+        assert_eq!(c.ranges_tally(), Tally { ok: 3, of: 4 });
     }
 }

@@ -11,7 +11,7 @@ usage: fastinst report [options] FILE.json
        fastinst report --diff [--svg PATH] [-o PATH] BEFORE.json AFTER.json
 
 Reads a profile saved by the profiler (fastinst-profile.<pid>.json, schema
-fastinst-profile/3, or /2 and /1 from older versions) and renders it again:
+fastinst-profile/4, or /3, /2 and /1 from older versions) and renders it again:
 the text table (default), folded stacks, the flame graph, pprof, or the JSON
 itself. With --diff, compares two profiles: per function the change in
 calls, self and total time and p50/p99, the most changed first (by self

@@ -36,7 +36,7 @@ use crate::clock;
 use crate::hooks;
 use crate::probe::{ProbeId, ProbeKind, ProbeMeta};
 use crate::profile::hist::Hist;
-use crate::profile::report::{EdgeRow, FunctionRow, Overhead, Report, SettingsOut, Stacks};
+use crate::profile::report::{EdgeRow, FunctionRow, Overhead, Range, Report, SettingsOut, Stacks};
 use crate::registry;
 use crate::segmented::Segmented;
 use fastinst_report::timeline::Timeline;
@@ -50,6 +50,10 @@ use wordpatch::tsc;
 
 /// The trace's histograms: 128 buckets per power of two.
 type FineHist = Hist<7>;
+
+/// The trace's buckets' relative half-width: how well it knows a
+/// percentile.
+const HALF_BUCKET: f64 = 1.0 / (1u32 << 8) as f64;
 
 /// Deepest stack of open calls kept per thread; deeper calls are counted
 /// and not timed.
@@ -89,6 +93,10 @@ struct FnAgg {
     min: u64,
     max: u64,
     hist: FineHist,
+    /// The calls' own time summed, and the hooks' charges inside them
+    /// (every callee's hooks: `profile::range`).
+    own: u64,
+    hooks_in: u64,
     /// Calls closed at thread or process exit.
     open_at_exit: u64,
 }
@@ -287,6 +295,8 @@ impl State {
         }
         a.max = a.max.max(d);
         a.hist.add(d);
+        a.own = a.own.saturating_add(d);
+        a.hooks_in = a.hooks_in.saturating_add(t1.saturating_sub(fr.t0).saturating_sub(d));
         a.self_ticks += d.saturating_sub(fr.child);
         if fr.outermost {
             a.inclusive += d;
@@ -519,6 +529,8 @@ fn collect(t: &Tracer, now: u64) -> Report {
             tot.timed += a.timed;
             tot.inclusive += a.inclusive;
             tot.self_ticks += a.self_ticks;
+            tot.own = tot.own.saturating_add(a.own);
+            tot.hooks_in = tot.hooks_in.saturating_add(a.hooks_in);
             tot.max = tot.max.max(a.max);
             tot.hist.merge(&a.hist);
             tot.open_at_exit += a.open_at_exit;
@@ -545,6 +557,19 @@ fn collect(t: &Tracer, now: u64) -> Report {
         .map(|(fi, a)| {
             let f = t.funcs.get(fi as u32).expect("exists");
             let q = |p: f64| us(a.hist.percentile(a.timed, p).clamp(a.min as f64, a.max as f64));
+            // Every call timed: a percentile is known to its bucket and
+            // the hooks' charges inside the calls.
+            let sys = crate::profile::range::systematic(a.hooks_in as f64, a.own as f64);
+            let exact = |p: f64| {
+                (a.timed > 0).then(|| {
+                    let mid = a.hist.percentile(a.timed, p);
+                    let r = crate::profile::range::exact_range(mid, HALF_BUCKET, sys, (a.min as f64, a.max as f64));
+                    Range {
+                        lo: us(r.lo),
+                        hi: r.hi.map(us),
+                    }
+                })
+            };
             FunctionRow {
                 name: name(fi as u32),
                 address: format!("{:#x}", f.addr),
@@ -564,6 +589,10 @@ fn collect(t: &Tracer, now: u64) -> Report {
                 p50_us: q(0.5),
                 p90_us: q(0.9),
                 p99_us: q(0.99),
+                p50_range: exact(0.5),
+                p90_range: exact(0.9),
+                p99_range: exact(0.99),
+                calls_effective: a.timed as f64,
                 max_us: us(a.max as f64),
                 threads: {
                     let mut v = tids[fi].clone();

@@ -146,7 +146,7 @@ fn write_paths<W: ?Sized + Write>(w: &mut W, paths: &[StackRow]) -> io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Stacks;
+    use crate::{Range, Stacks};
     use testkit::Rng;
 
     fn report(rng: &mut Rng, paths: usize) -> Report {
@@ -217,6 +217,10 @@ mod tests {
                     p50_us: x(),
                     p90_us: x(),
                     p99_us: x(),
+                    p50_range: (i % 3 == 0).then(|| Range { lo: x(), hi: None }),
+                    p90_range: None,
+                    p99_range: (i % 2 == 0).then(|| Range { lo: x(), hi: Some(x()) }),
+                    calls_effective: x(),
                     max_us: x(),
                     threads: vec![i as i32, -1],
                 })

@@ -27,12 +27,14 @@
 //!   inclusive time minus the callees' edges.
 //! - **Latencies** (min/p50/p90/p99/max/mean): order statistics of timed
 //!   calls, each in the program's own time (the hooks' time taken off).
+//!   Each percentile has a 95% range ([`Range`]): the text marks with `?`
+//!   one whose range reaches past 10% of it.
 //! - **Edges** and **paths**: a callee's timed calls split by the function
 //!   holding their return address; paths are built from timed frames
 //!   only, `[...]` standing for frames that were not timed, so no path
 //!   shows a call that did not happen.
 //!
-//! JSON schema `fastinst-profile/3`: `{schema, program, pid, wall_ms,
+//! JSON schema `fastinst-profile/4`: `{schema, program, pid, wall_ms,
 //! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined, changed,
 //! windows, cpu_samples}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
@@ -41,14 +43,16 @@
 //! windows_planned, windows_opened, windows_void, cpu_wait_share},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
 //! calls_exact, total_ms, total_sd, recursive, total_capped, self_ms, cpu_samples,
-//! self_share, mean_us, min_us, p50_us, p90_us, p99_us, max_us, threads:
+//! self_share, mean_us, min_us, p50_us, p90_us, p99_us, p50_range,
+//! p90_range, p99_range ({lo, hi} or null; hi null: unbounded),
+//! calls_effective, max_us, threads:
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
 //! total_ms}], stacks: {names: [name], paths: [{frames: [index into
 //! names], samples, self_ms}]}, cpu: {interval_us, samples,
 //! profiler_samples, lost, other: [{name, samples, share}]} or null}`
 //! (paths ordered as their folded lines sort: by their frames' names,
 //! outermost first); times in milliseconds (`_ms`) or microseconds
-//! (`_us`). Versions 1 and 2 are still read; their missing fields take
+//! (`_us`). Versions 1 to 3 are still read; their missing fields take
 //! their defaults.
 
 //!
@@ -83,15 +87,16 @@ use std::sync::Arc;
 pub const MAX_PATH_NODES: usize = 6144;
 
 /// The schema name and version this crate writes.
-pub const SCHEMA: &str = "fastinst-profile/3";
+pub const SCHEMA: &str = "fastinst-profile/4";
 
 /// The schemas this crate reads: version 1 spelled each stack's frames out
 /// as names; version 2 lists the names once (`stacks.names`) and the
 /// frames as indices into it (smaller, and written faster).
 ///
 /// Version 3 adds each function's call uncertainty, CPU-sample self time
-/// and inclusive-time marks, and the CPU samples' summary.
-pub const SCHEMAS_READ: [&str; 3] = [SCHEMA, "fastinst-profile/2", "fastinst-profile/1"];
+/// and inclusive-time marks, and the CPU samples' summary; version 4 each
+/// percentile's range and the timed calls' effective number.
+pub const SCHEMAS_READ: [&str; 4] = [SCHEMA, "fastinst-profile/3", "fastinst-profile/2", "fastinst-profile/1"];
 
 /// The report's root.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
@@ -461,11 +466,59 @@ pub struct FunctionRow {
     pub p90_us: f64,
     /// 99th percentile.
     pub p99_us: f64,
+    /// The 95% confidence ranges of `p50_us`, `p90_us` and `p99_us`
+    /// ([`Range`]); `None` in a report of schema 3 or older.
+    #[serde(default)]
+    pub p50_range: Option<Range>,
+    /// See `p50_range`.
+    #[serde(default)]
+    pub p90_range: Option<Range>,
+    /// See `p50_range`.
+    #[serde(default)]
+    pub p99_range: Option<Range>,
+    /// How many independent calls the timed calls are worth for the
+    /// percentiles: fewer than `calls_sampled` where the timed calls
+    /// stand for different numbers of calls (`(sum w)^2 / sum w^2`).
+    #[serde(default)]
+    pub calls_effective: f64,
     /// Maximum.
     pub max_us: f64,
     /// Threads (tids) it was sampled on.
     pub threads: Vec<i32>,
 }
+
+/// Where a latency percentile lies, with 95% confidence (microseconds).
+///
+/// The profiler times a sample of the calls, so each percentile it shows
+/// is an estimate: the range is the percentiles of the timed calls at
+/// the ranks that bound the true one's (Woodruff's interval, from the
+/// effective number of timed calls), widened by the histogram's bucket.
+/// The trace tool times every call: its range is its bucket's.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Default)]
+pub struct Range {
+    /// Lower bound.
+    pub lo: f64,
+    /// Upper bound; `None` where too few calls were timed to bound it
+    /// (the percentile may lie past the longest timed call).
+    pub hi: Option<f64>,
+}
+
+impl Range {
+    /// Whether `x` lies in the range.
+    pub fn contains(&self, x: f64) -> bool {
+        x >= self.lo && self.hi.is_none_or(|h| x <= h)
+    }
+
+    /// Whether the whole range lies within `tolerance` (a fraction) of
+    /// `x`: a percentile shown as `x` is known that well.
+    pub fn within(&self, x: f64, tolerance: f64) -> bool {
+        self.lo >= x * (1.0 - tolerance) && self.hi.is_some_and(|h| h <= x * (1.0 + tolerance))
+    }
+}
+
+/// How far a percentile may stand from its figure for the text report
+/// to show it unmarked: past it, the figure is marked `?`.
+pub const PERCENTILE_MARK_TOLERANCE: f64 = 0.10;
 
 /// One caller -> callee edge.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -612,6 +665,11 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         s,
         "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation; self: CPU samples"
     )?;
+    writeln!(
+        s,
+        "latencies: of the timed calls; ? where the percentile's 95% range (JSON: p50_range...) reaches past {:.0}% of the figure",
+        100.0 * PERCENTILE_MARK_TOLERANCE
+    )?;
     writeln!(s)?;
     writeln!(
         s,
@@ -664,7 +722,16 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
                 line.column(6);
             }
         }
-        for us in [f.min_us, f.p50_us, f.p90_us, f.p99_us, f.max_us, f.mean_us] {
+        line.fixed(9, f.min_us, 2);
+        for (us, range) in [
+            (f.p50_us, f.p50_range),
+            (f.p90_us, f.p90_range),
+            (f.p99_us, f.p99_range),
+        ] {
+            line.fixed(8, us, 2);
+            line.text.push(percentile_mark(us, range));
+        }
+        for us in [f.max_us, f.mean_us] {
             line.fixed(9, us, 2);
         }
         line.text.push(' ');
@@ -688,6 +755,15 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         line.end(s)?;
     }
     Ok(())
+}
+
+/// The text report's mark after a percentile: `?` where its range
+/// reaches past [`PERCENTILE_MARK_TOLERANCE`] of it.
+fn percentile_mark(us: f64, range: Option<Range>) -> char {
+    match range {
+        Some(r) if !r.within(us, PERCENTILE_MARK_TOLERANCE) => '?',
+        _ => ' ',
+    }
 }
 
 /// A text report line of right-aligned columns, each after a space but
@@ -1070,6 +1146,16 @@ mod tests {
                 p50_us: num(),
                 p90_us: num(),
                 p99_us: num(),
+                p50_range: (i % 4 != 0).then(|| Range { lo: num(), hi: None }),
+                p90_range: (i % 3 == 0).then_some(Range {
+                    lo: 0.0,
+                    hi: Some(1e30),
+                }),
+                p99_range: (i % 2 == 0).then(|| {
+                    let x = num();
+                    Range { lo: x, hi: Some(x) }
+                }),
+                calls_effective: num(),
                 max_us: num(),
                 threads: vec![1; i % 12],
             })
@@ -1100,7 +1186,7 @@ mod tests {
             let share = f.self_share.map_or("-".to_string(), |x| format!("{x:.1}"));
             writeln!(
                 want,
-                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>9.3} {:>10.3} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}  {:<8} {}",
+                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>9.3} {:>10.3} {:>6} {:>9.2} {:>8.2}{} {:>8.2}{} {:>8.2}{} {:>9.2} {:>9.2}  {:<8} {}",
                 f.calls_estimated,
                 sd,
                 f.calls_sampled,
@@ -1111,8 +1197,11 @@ mod tests {
                 share,
                 f.min_us,
                 f.p50_us,
+                percentile_mark(f.p50_us, f.p50_range),
                 f.p90_us,
+                percentile_mark(f.p90_us, f.p90_range),
                 f.p99_us,
+                percentile_mark(f.p99_us, f.p99_range),
                 f.max_us,
                 f.mean_us,
                 f.threads.len(),

@@ -67,7 +67,8 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
     let enclosed = sh.frames.iter().any(|fr| fr.func == fi);
     let self_called = done.from != 0 && f.contains(done.from as usize);
     let outer = !enclosed && !self_called;
-    if agg.log(fi, done.from, dur, self_ticks, end, outer, done.weight) {
+    let hooks = t.saturating_sub(done.t0).saturating_sub(dur);
+    if agg.log(fi, done.from, dur, self_ticks, hooks, end, outer, done.weight) {
         agg.fold();
     }
     drop(agg);

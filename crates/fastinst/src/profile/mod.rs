@@ -47,6 +47,7 @@ mod local;
 mod output;
 mod paths;
 mod profiler;
+pub(crate) mod range;
 pub mod report;
 mod sampler;
 mod schedule;

@@ -319,6 +319,20 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 None if a.n == 0 => 0.0,
                 None => us(a.hist.percentile(a.w, q).max(a.min as f64).min(a.max as f64)),
             };
+            // The same quantile function at the levels bounding each
+            // percentile's rank (`range`).
+            let n_eff = super::range::effective(a.w, a.w2);
+            let half = 1.0 / f64::from(1u32 << (super::hist::PROFILE_BITS + 1));
+            let bounds = (a.min as f64, a.max as f64);
+            let err = super::range::Error {
+                n: n_eff,
+                half_bucket: half,
+                systematic: super::range::systematic(a.hooks_in as f64, a.sum as f64),
+            };
+            let range = |q: f64| match adjusted.get(&fi) {
+                Some(adj) => super::range::range(q, err, |l| adj.percentile(l), (bounds.0, f64::MAX), us),
+                None => super::range::range(q, err, |l| a.hist.percentile(a.w, l), bounds, us),
+            };
             FunctionRow {
                 name: fn_name(p, fi),
                 address: format!("{:#x}", f.addr),
@@ -339,6 +353,10 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 p50_us: pct(0.5),
                 p90_us: pct(0.9),
                 p99_us: pct(0.99),
+                p50_range: range(0.5),
+                p90_range: range(0.9),
+                p99_range: range(0.99),
+                calls_effective: n_eff,
                 max_us: us(a.max as f64),
                 threads: tids,
             }
@@ -609,7 +627,7 @@ mod tests {
         let mut d: Vec<u64> = vec![20_000; 1_000];
         d.extend([2_000_000, 900_000, 40_000, 45_000]);
         for &x in &d {
-            a.record(x, true, 1);
+            a.record(x, true, 1, 0);
         }
         let n = d.len() as f64;
         let mean = d.iter().sum::<u64>() as f64 / n;
@@ -641,7 +659,7 @@ mod tests {
             x ^= x << 17;
             let d = 1_000 + x % 50_000;
             let w = if i % 3 == 0 { 64 } else { 4 };
-            a.record(d, true, w);
+            a.record(d, true, w, 0);
             samples.push((d as f64, f64::from(w)));
         }
         let wsum: f64 = samples.iter().map(|s| s.1).sum();

@@ -105,6 +105,10 @@ pub(crate) struct FnAgg {
     pub nested: u64,
     pub min: u64,
     pub max: u64,
+    /// The hooks' charges inside the timed calls (between their entry and
+    /// exit stamps), each times its call's weight: how much of the time
+    /// they measure was taken off as hook time (`super::range`).
+    pub hooks_in: u64,
     pub hist: Hist,
     /// Timed calls whose exit went unwatched, each at the time it is known
     /// to have lasted (censored: see [`super::survival`]), weighted.
@@ -122,6 +126,7 @@ impl Default for FnAgg {
             nested: 0,
             min: u64::MAX,
             max: 0,
+            hooks_in: 0,
             hist: Hist::default(),
             censored: Hist::default(),
         }
@@ -129,9 +134,11 @@ impl Default for FnAgg {
 }
 
 impl FnAgg {
-    /// Records a timed call of `d` ticks that stands for `w` calls.
-    pub(crate) fn record(&mut self, d: u64, outer: bool, w: u32) {
+    /// Records a timed call of `d` ticks that stands for `w` calls, and
+    /// inside which `hooks` ticks were charged to hooks.
+    pub(crate) fn record(&mut self, d: u64, outer: bool, w: u32, hooks: u32) {
         let w = u64::from(w);
+        self.hooks_in = self.hooks_in.saturating_add(u64::from(hooks) * w);
         self.n += 1;
         self.w += w;
         self.w2 += w * w;
@@ -173,6 +180,7 @@ impl FnAgg {
         self.nested += o.nested;
         self.min = self.min.min(o.min);
         self.max = self.max.max(o.max);
+        self.hooks_in = self.hooks_in.saturating_add(o.hooks_in);
         self.hist.merge(&o.hist);
         self.censored.merge(&o.censored);
     }
@@ -268,13 +276,16 @@ struct Logged {
     self_ticks: u64,
     /// The calls it stands for.
     weight: u32,
+    /// Hook ticks charged inside it (saturated).
+    hooks: u32,
     /// The outermost sampled activation of its function on its thread.
     outer: bool,
 }
 
 impl Agg {
     /// Logs a sampled call of function `fi` that lasted `dur` ticks,
-    /// `self_ticks` of them outside its sampled children, called from
+    /// `self_ticks` of them outside its sampled children, with `hooks`
+    /// ticks charged to hooks inside it, called from
     /// `from` (0: unknown), whose call path ends at `end` of
     /// [`Agg::paths`], and that stands for `weight` calls. True when the
     /// log should be [folded](Agg::fold).
@@ -286,6 +297,7 @@ impl Agg {
         from: u64,
         dur: u64,
         self_ticks: u64,
+        hooks: u64,
         end: PathEnd,
         outer: bool,
         weight: u32,
@@ -301,6 +313,7 @@ impl Agg {
             dur,
             self_ticks,
             weight,
+            hooks: u32::try_from(hooks).unwrap_or(u32::MAX),
             outer,
         });
         self.pending.len() >= FOLD_SAMPLES
@@ -342,7 +355,7 @@ impl Agg {
                 }
             }
             if let Some(s) = i.checked_sub(2 * FOLD_AHEAD).and_then(|j| log.get(j)) {
-                self.fns[s.func as usize].record(s.dur, s.outer, s.weight);
+                self.fns[s.func as usize].record(s.dur, s.outer, s.weight, s.hooks);
                 // An edge needs to know its caller; before the function's
                 // extent is known (its first epoch) the sample has none.
                 if s.from != 0 {
