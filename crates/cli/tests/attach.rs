@@ -41,21 +41,37 @@ fn finish(mut c: Child) -> (String, Option<i32>) {
     (out, c.wait().unwrap().code())
 }
 
+/// Waits for `c` and returns its stdout, its stderr and its exit status.
+fn finish_with_stderr(mut c: Child) -> (String, String, Option<i32>) {
+    let (mut out, mut err) = (String::new(), String::new());
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (out, err, c.wait().unwrap().code())
+}
+
 /// `fastinst attach --duration SECS --out OUT PID`, run from `dir`:
 /// whether it succeeded, and what it said on stderr.
 fn attach_for(pid: u32, secs: &str, out: &Path, dir: &Path) -> (bool, String) {
-    let o = fastinst(
-        &[
-            "attach",
-            "--duration",
-            secs,
-            "--out",
-            out.to_str().unwrap(),
-            &pid.to_string(),
-        ],
-        dir,
-    );
+    attach_for_with(pid, secs, out, dir, &[])
+}
+
+/// [`attach_for`] with `extra` options.
+fn attach_for_with(pid: u32, secs: &str, out: &Path, dir: &Path, extra: &[&str]) -> (bool, String) {
+    let pid = pid.to_string();
+    let mut args = vec!["attach", "--duration", secs, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.push(&pid);
+    let o = fastinst(&args, dir);
     (o.status.success(), text(&o.stderr))
+}
+
+/// The runtime's calibration of what a hook's stamps miss, from its log
+/// line: (`-finstrument-functions`, sled) ticks.
+fn stamps_miss(log: &str) -> Option<(f64, f64)> {
+    let rest = log.split("stamps miss (").nth(1)?;
+    let (fi, rest) = rest.split_once(", ")?;
+    let sled = rest.split(')').next()?;
+    Some((fi.trim().parse().ok()?, sled.trim().parse().ok()?))
 }
 
 /// `fastinst attach --duration SECS --out OUT PID` started in the
@@ -124,7 +140,7 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     let slots_before = slot_values(&mem);
     assert_eq!(slots.is_empty(), sleds, "hook slots: {slots:?}");
     let out = dir.join("out");
-    let (ok, err) = attach_for(pid, "0.7", &out, &dir);
+    let (ok, err) = attach_for_with(pid, "0.7", &out, &dir, &["--log", "info"]);
     println!("{err}");
     assert!(ok, "{err}");
     assert!(err.contains("attached to") && err.contains("detached from"), "{err}");
@@ -152,9 +168,22 @@ fn attach_profile_detach(cc: &str, flag: &str) {
         .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("perf_event")))
         .count();
     assert_eq!(events, 0, "perf events left open after the detach");
-    let (got, rc) = finish(child);
+    let (got, log, rc) = finish_with_stderr(child);
     assert_eq!(got, want, "the program's output changed");
     assert_eq!(rc, want_rc);
+    // Both hook paths calibrated inside the attached process cost about
+    // the same beyond their stamps. (The `-finstrument-functions` one
+    // once timed the C library's no-op hook, which the exported name
+    // reaches there: 1,150-1,530 ticks against the sled path's 42.)
+    assert!(
+        !log.contains("reached no hook"),
+        "a calibration reached no hook:\n{log}"
+    );
+    let (fi, sled) = stamps_miss(&log).unwrap_or_else(|| panic!("no calibration in the runtime's log:\n{log}"));
+    assert!(
+        fi <= 4.0 * sled + 100.0 && sled <= 4.0 * fi + 100.0,
+        "what a hook's stamps miss: finstrument {fi}, sled {sled} ticks"
+    );
     let json = out.join(format!("fastinst-profile.{pid}.json"));
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let names: Vec<&str> = r["functions"]

@@ -110,8 +110,10 @@ pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, cal
 
 unsafe extern "C" {
     /// The first instruction of [`__cyg_profile_func_enter`], by a hidden
-    /// name (see `arch::stubs::hook_stub`).
-    fn fastinst_own_cyg_enter();
+    /// name (see `arch::stubs::hook_stub`): what the hook calibration
+    /// calls (`hookcost`), as the exported name reaches the C library's
+    /// no-op in an attached process.
+    pub(crate) fn fastinst_own_cyg_enter();
     /// The first instruction of [`__cyg_profile_func_exit`], likewise.
     fn fastinst_own_cyg_exit();
 }
