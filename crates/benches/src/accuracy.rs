@@ -661,7 +661,7 @@ pub fn parse_perf_report(text: &str) -> BTreeMap<String, f64> {
 /// whose own range (if it has one) is `traced`: the two ranges meet.
 fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
     match traced {
-        Some(t) => t.hi.is_none_or(|h| r.lo <= h) && r.hi.is_none_or(|h| t.lo <= h),
+        Some(t) => r.meets(&t),
         None => r.contains(x),
     }
 }

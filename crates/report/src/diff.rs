@@ -7,7 +7,7 @@
 //! function made slower moves its own self time, while its callers move
 //! only their inclusive time, so it comes first.
 
-use crate::{FunctionRow, Report};
+use crate::{FunctionRow, Range, Report};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -43,6 +43,15 @@ impl FunctionDiff {
     /// Estimated calls, before and after.
     pub fn calls(&self) -> (f64, f64) {
         self.field(|r| r.calls_estimated)
+    }
+
+    /// Whether its latency at a percentile (`pick` chooses the range: the
+    /// p50's or the p99's) changed beyond both runs' stated uncertainty:
+    /// their 95% ranges do not meet. `None` where a run has no range.
+    pub fn latency_moved(&self, pick: impl Fn(&FunctionRow) -> Option<Range>) -> Option<bool> {
+        let a = pick(self.before.as_ref()?)?;
+        let b = pick(self.after.as_ref()?)?;
+        Some(!a.meets(&b))
     }
 
     /// Whether nothing it reports changed.
@@ -107,7 +116,7 @@ pub fn render_diff_text(before: &Report, after: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "{changed} of {} functions changed; sorted by the change of self time, then of total time\n",
+        "{changed} of {} functions changed; sorted by the change of self time, then of total time; * after a latency: the runs' 95% ranges of it do not meet (a change beyond what their sampling explains)\n",
         rows.len()
     );
     let _ = writeln!(
@@ -129,6 +138,12 @@ pub fn render_diff_text(before: &Report, after: &Report) -> String {
     );
     let us =
         |r: &Option<FunctionRow>, f: fn(&FunctionRow) -> f64| r.as_ref().map_or("-".into(), |r| format!("{:.2}", f(r)));
+    // The second run's figure, marked where it moved beyond both runs'
+    // ranges.
+    let moved = |d: &FunctionDiff, f: fn(&FunctionRow) -> f64, pick: fn(&FunctionRow) -> Option<Range>| {
+        let mark = if d.latency_moved(pick) == Some(true) { "*" } else { "" };
+        format!("{}{mark}", us(&d.after, f))
+    };
     for d in &rows {
         let (c0, c1) = d.calls();
         let (s0, s1) = d.self_ms();
@@ -151,9 +166,9 @@ pub fn render_diff_text(before: &Report, after: &Report) -> String {
             t1,
             t1 - t0,
             us(&d.before, |r| r.p50_us),
-            us(&d.after, |r| r.p50_us),
+            moved(d, |r| r.p50_us, |r| r.p50_range),
             us(&d.before, |r| r.p99_us),
-            us(&d.after, |r| r.p99_us),
+            moved(d, |r| r.p99_us, |r| r.p99_range),
             name
         );
     }
@@ -223,6 +238,36 @@ mod tests {
         assert!(first_row.ends_with(" b") && first_row.contains("+25.000"), "{text}");
         let svg = render_diff_svg(&a, &b).unwrap().unwrap();
         assert!(svg.contains("<svg") && svg.contains(">b<"), "the grown frame is drawn");
+    }
+
+    /// A p50 whose two ranges do not meet is marked as moved; one whose
+    /// ranges overlap, or a run without ranges, is not.
+    #[test]
+    fn a_latency_is_marked_moved_only_beyond_both_runs_ranges() {
+        let (mut a, mut b) = (run(0.0), run(25.0));
+        let set = |r: &mut Report, name: &str, p50: f64, lo: f64, hi: f64| {
+            let f = r.functions.iter_mut().find(|f| f.name == name).unwrap();
+            f.p50_us = p50;
+            f.p50_range = Some(Range { lo, hi: Some(hi) });
+        };
+        set(&mut a, "b", 10.0, 9.0, 11.0);
+        set(&mut b, "b", 14.0, 12.5, 15.5);
+        set(&mut a, "c", 10.0, 8.0, 12.0);
+        set(&mut b, "c", 11.5, 10.5, 12.5);
+        let d = diff(&a, &b);
+        let row = |n: &str| d.iter().find(|x| x.name == n).unwrap();
+        assert_eq!(row("b").latency_moved(|r| r.p50_range), Some(true));
+        assert_eq!(row("c").latency_moved(|r| r.p50_range), Some(false));
+        assert_eq!(row("main").latency_moved(|r| r.p50_range), None);
+        let text = render_diff_text(&a, &b);
+        let line = |n: &str| {
+            text.lines()
+                .find(|l| l.ends_with(&format!(" {n}")))
+                .unwrap()
+                .to_string()
+        };
+        assert!(line("b").contains("14.00*"), "{text}");
+        assert!(line("c").contains("11.50 ") && !line("c").contains('*'), "{text}");
     }
 
     #[test]

@@ -509,6 +509,12 @@ impl Range {
         x >= self.lo && self.hi.is_none_or(|h| x <= h)
     }
 
+    /// Whether the two ranges overlap: the two figures agree within what
+    /// each says it is uncertain by.
+    pub fn meets(&self, other: &Range) -> bool {
+        self.hi.is_none_or(|h| other.lo <= h) && other.hi.is_none_or(|h| self.lo <= h)
+    }
+
     /// Whether the whole range lies within `tolerance` (a fraction) of
     /// `x`: a percentile shown as `x` is known that well.
     pub fn within(&self, x: f64, tolerance: f64) -> bool {
