@@ -327,9 +327,19 @@ pub fn render(r: &Report, rows: usize) -> String {
         } else {
             format!("{:.0}", x.calls_sd)
         };
+        // `?`: the percentile's range reaches past 10% of it, as in the
+        // text report.
         s.push_str(&format!(
-            "{:>12.0} {:>9} {:>11.3} {:>11.3} {:>10.2} {:>10.2}  {}\n",
-            x.calls_estimated, sd, x.total_ms, x.self_ms, x.p50_us, x.p99_us, x.name
+            "{:>12.0} {:>9} {:>11.3} {:>11.3} {:>9.2}{} {:>9.2}{}  {}\n",
+            x.calls_estimated,
+            sd,
+            x.total_ms,
+            x.self_ms,
+            x.p50_us,
+            fastinst_report::percentile_mark(x.p50_us, x.p50_range),
+            x.p99_us,
+            fastinst_report::percentile_mark(x.p99_us, x.p99_range),
+            x.name
         ));
     }
     if f.len() > rows {
@@ -383,6 +393,29 @@ mod tests {
             .unwrap();
         assert_eq!((t.pid, t.duration), (Some(42), Some(Duration::from_secs(2))));
         assert!(t.run.command.is_empty());
+    }
+
+    /// A percentile known to within 10% is shown plain; one whose range
+    /// is wider, or unbounded, is marked, as in the text report.
+    #[test]
+    fn uncertain_percentiles_are_marked() {
+        use fastinst_report::{FunctionRow, Range};
+        let row = FunctionRow {
+            name: "handle".into(),
+            total_ms: 1.0,
+            p50_us: 2.0,
+            p50_range: Some(Range { lo: 1.9, hi: Some(2.1) }),
+            p99_us: 180.0,
+            p99_range: Some(Range { lo: 20.0, hi: None }),
+            ..Default::default()
+        };
+        let r = Report {
+            functions: vec![row],
+            ..Default::default()
+        };
+        let screen = render(&r, 10);
+        let line = screen.lines().find(|l| l.ends_with(" handle")).unwrap();
+        assert!(line.contains("2.00 ") && line.contains("180.00?"), "{screen}");
     }
 
     #[test]

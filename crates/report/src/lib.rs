@@ -765,7 +765,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
 
 /// The text report's mark after a percentile: `?` where its range
 /// reaches past [`PERCENTILE_MARK_TOLERANCE`] of it.
-fn percentile_mark(us: f64, range: Option<Range>) -> char {
+pub fn percentile_mark(us: f64, range: Option<Range>) -> char {
     match range {
         Some(r) if !r.within(us, PERCENTILE_MARK_TOLERANCE) => '?',
         _ => ' ',
