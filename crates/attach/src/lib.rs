@@ -36,6 +36,7 @@ pub mod maps;
 pub mod mem;
 pub mod remote;
 pub mod sleds;
+pub mod symbols;
 pub mod threads;
 
 pub use error::{AttachError, Result};
@@ -156,26 +157,27 @@ fn owner_and_tracer(pid: i32) -> Result<(u32, i32)> {
 /// The address of `symbol` in process memory, for the module whose path
 /// ends with `file_suffix`.
 fn symbol_in(maps: &[maps::Mapping], file_suffix: &str, symbol: &str) -> Result<u64> {
+    symbols_in(maps, file_suffix, &[symbol]).map(|v| v[0])
+}
+
+/// [`symbol_in`] for several symbols of one module, its file read once
+/// ([`symbols::dynamic`]: its dynamic symbols only).
+fn symbols_in(maps: &[maps::Mapping], file_suffix: &str, names: &[&str]) -> Result<Vec<u64>> {
     let modules = maps::modules(maps);
+    let missing = |symbol: &str, module: &str| AttachError::NoSymbol {
+        symbol: symbol.into(),
+        module: module.into(),
+    };
     let m = modules
         .iter()
         .find(|m| m.path.file_name().is_some_and(|n| n.to_string_lossy() == file_suffix))
-        .ok_or_else(|| AttachError::NoSymbol {
-            symbol: symbol.into(),
-            module: file_suffix.into(),
-        })?;
-    let bytes = std::fs::read(&m.path).map_err(AttachError::io(m.path.display().to_string()))?;
-    let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| AttachError::Other(format!("{}: {e}", m.path.display())))?;
-    let bias = sleds::load_bias(&elf, m.base)
-        .ok_or_else(|| AttachError::Other(format!("{}: no PT_LOAD", m.path.display())))?;
-    elf.dynsyms
+        .ok_or_else(|| missing(names.first().copied().unwrap_or(""), file_suffix))?;
+    let found = symbols::dynamic(&m.path, m.base, names)?;
+    names
         .iter()
-        .find(|s| s.st_value != 0 && elf.dynstrtab.get_at(s.st_name) == Some(symbol))
-        .map(|s| s.st_value.wrapping_add(bias))
-        .ok_or_else(|| AttachError::NoSymbol {
-            symbol: symbol.into(),
-            module: m.path.display().to_string(),
-        })
+        .zip(found)
+        .map(|(name, at)| at.ok_or_else(|| missing(name, &m.path.display().to_string())))
+        .collect()
 }
 
 /// The settings file and control socket paths for `pid` of user `uid`
@@ -268,8 +270,10 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     // from the files already is not the runtime's to put back.
     let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots));
     let code_before = code::differing(&Mem::open(pid)?, &regions)?;
-    let dlopen = symbol_in(&maps, "libc.so.6", "dlopen")?;
-    let dlerror = symbol_in(&maps, "libc.so.6", "dlerror")?;
+    let (dlopen, dlerror) = match symbols_in(&maps, "libc.so.6", &["dlopen", "dlerror"])?[..] {
+        [a, b] => (a, b),
+        _ => unreachable!("one address a name"),
+    };
     let (config, control) = paths(owner, pid)?;
     let mut text = String::from("# written by fastinst attach\n");
     for (k, v) in &opts.settings {
@@ -369,10 +373,8 @@ fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
     let modules = maps::modules(maps);
     let sites = sleds::of_modules(&modules)?;
     let slots = bindings::of_modules(&modules)?;
-    let mut bound = Vec::with_capacity(slots.len());
-    for s in slots.iter() {
-        bound.push((s.clone(), symbol_in(maps, "libc.so.6", bindings::HOOKS[s.hook])?));
-    }
+    let libc_hooks = symbols_in(maps, "libc.so.6", &bindings::HOOKS)?;
+    let bound: Vec<_> = slots.iter().map(|s| (s.clone(), libc_hooks[s.hook])).collect();
     let library = maps
         .iter()
         .find(|m| m.path.ends_with(LIBRARY_NAME))
@@ -400,10 +402,7 @@ fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
 /// slot with what it held.
 fn bind_hooks(pid: i32, slots: &[bindings::Slot]) -> Result<Vec<(bindings::Slot, u64)>> {
     let maps = maps::of(pid)?;
-    let mut hooks = [0u64; 2];
-    for (i, h) in bindings::HOOKS.iter().enumerate() {
-        hooks[i] = symbol_in(&maps, LIBRARY_NAME, h)?;
-    }
+    let hooks = symbols_in(&maps, LIBRARY_NAME, &bindings::HOOKS)?;
     let mem = Mem::open(pid)?;
     let _all = Stopped::all(pid)?;
     let mut bound = Vec::with_capacity(slots.len());
