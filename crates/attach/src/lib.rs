@@ -270,10 +270,8 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     // from the files already is not the runtime's to put back.
     let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots));
     let code_before = code::differing(&Mem::open(pid)?, &regions)?;
-    let (dlopen, dlerror) = match symbols_in(&maps, "libc.so.6", &["dlopen", "dlerror"])?[..] {
-        [a, b] => (a, b),
-        _ => unreachable!("one address a name"),
-    };
+    let loader = symbols_in(&maps, "libc.so.6", &["dlopen", "dlerror"])?;
+    let (dlopen, dlerror) = (loader[0], loader[1]);
     let (config, control) = paths(owner, pid)?;
     let mut text = String::from("# written by fastinst attach\n");
     for (k, v) in &opts.settings {

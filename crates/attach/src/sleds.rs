@@ -81,9 +81,8 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
 pub fn of_modules(modules: &[Module]) -> Result<Vec<Site>> {
     let mut out = Vec::new();
     for m in modules {
-        // The runtime of an earlier attach probes none of its own code;
-        // its file is the largest read (21 MB with debug information),
-        // and half the "files read" phase of every attach after the first.
+        // The runtime of an earlier attach probes none of its own code,
+        // and its file (with debug information) is the largest to read.
         if m.path.file_name().is_some_and(|n| n == crate::LIBRARY_NAME) {
             continue;
         }

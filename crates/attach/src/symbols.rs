@@ -4,9 +4,9 @@
 //!
 //! The attach looks up a handful of symbols (`dlopen` and `dlerror` in
 //! the C library, the runtime's start and hooks in `libfastinst.so`).
-//! Read whole and parsed by goblin, each look-up took the file, 21 MB
-//! for the runtime library with its debug information, and its full
-//! symbol table: about 30% of the attaching command's CPU time.
+//! Read whole and parsed by goblin, each look-up took the whole file
+//! (the runtime library's debug information included) and its full
+//! symbol table: the largest part of the attaching command's own work.
 
 use crate::error::{AttachError, Result};
 use std::fs::File;

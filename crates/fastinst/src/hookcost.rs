@@ -23,14 +23,13 @@ fn fi_loop(n: u64, hook: bool) -> (u64, u64, u64) {
     let t0 = tsc::now();
     if hook {
         for _ in 0..n {
-            // SAFETY: the hook takes (this_fn, call_site), reads its
-            // own return address and returns; it clobbers what a C
-            // function may.
             // By the stub's hidden name: the exported one resolves
             // through the global scope, to the C library's no-op when this
             // library was loaded into a running process (an attach), and
-            // the calibration timed that instead (1,150-1,530 ticks a
-            // "hook" that ran none).
+            // the calibration timed that instead, a "hook" that ran none.
+            // SAFETY: the hook takes (this_fn, call_site), reads its
+            // own return address and returns; it clobbers what a C
+            // function may.
             unsafe { crate::arch::stubs::call_hook!(crate::hooks::fastinst_own_cyg_enter, tag, 0u64) };
         }
     } else {
@@ -88,9 +87,9 @@ pub fn fi_unseen(rounds: usize, n: u64) -> Option<f64> {
 /// The least, not the median: whatever disturbs a round (an interrupt,
 /// a preemption, another thread's cache traffic) only lengthens it, so
 /// the quietest round of each kind is the truest. With the median, a
-/// start in a process whose threads kept both CPUs busy (an attach on the
-/// 2-CPU VM) read 1,274 and 350 ticks where a quiet one reads 41 and 42,
-/// and every hook of the attached run was charged that.
+/// start in a process whose threads kept every CPU busy (an attach) read
+/// several times what a quiet one reads, and every hook of the attached
+/// run was charged that.
 ///
 /// `None` when a loop with hooks ran none (its calls did not reach the
 /// runtime's hook): there is nothing to measure.
@@ -189,7 +188,7 @@ mod tests {
         let unseen = least_unseen(3, |hooked| if hooked { (100, 500, 5) } else { (10_000, 0, 0) });
         assert_eq!(unseen, Some(0.0));
         // A loop whose calls reached no hook measures nothing (it once
-        // timed the C library's no-op as 1,200 ticks a hook).
+        // timed the C library's no-op as a hook).
         assert_eq!(
             least_unseen(3, |hooked| if hooked { (2_500, 0, 0) } else { (100, 0, 0) }),
             None

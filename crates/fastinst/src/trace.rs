@@ -51,10 +51,6 @@ use wordpatch::tsc;
 /// The trace's histograms: 128 buckets per power of two.
 type FineHist = Hist<7>;
 
-/// The trace's buckets' relative half-width: how well it knows a
-/// percentile.
-const HALF_BUCKET: f64 = 1.0 / (1u32 << 8) as f64;
-
 /// Deepest stack of open calls kept per thread; deeper calls are counted
 /// and not timed.
 const MAX_DEPTH: usize = 1 << 16;
@@ -563,7 +559,12 @@ fn collect(t: &Tracer, now: u64) -> Report {
             let exact = |p: f64| {
                 (a.timed > 0).then(|| {
                     let mid = a.hist.percentile(a.timed, p);
-                    let r = crate::profile::range::exact_range(mid, HALF_BUCKET, sys, (a.min as f64, a.max as f64));
+                    let r = crate::profile::range::exact_range(
+                        mid,
+                        FineHist::HALF_BUCKET,
+                        sys,
+                        (a.min as f64, a.max as f64),
+                    );
                     Range {
                         lo: us(r.lo),
                         hi: r.hi.map(us),

@@ -52,6 +52,11 @@ pub(crate) struct Hist<const B: u32 = PROFILE_BITS> {
 impl<const B: u32> Hist<B> {
     const PER_OCTAVE: usize = 1 << B;
 
+    /// A bucket's half-width relative to the durations it holds, at most:
+    /// how far a percentile (a bucket's middle) may stand from the
+    /// duration it stands for.
+    pub(crate) const HALF_BUCKET: f64 = 1.0 / (1u64 << (B + 1)) as f64;
+
     /// Counts one duration in ticks.
     #[inline]
     pub(crate) fn add(&mut self, ticks: u64) {

@@ -8,9 +8,9 @@
 //! of timed calls, `(sum w)^2 / sum w^2`; so the true quantile lies,
 //! with 95% confidence, between the timed calls' quantiles at
 //! `q -+ 1.96` spreads. Where that reaches past the last timed call, the
-//! percentile may lie beyond every timed call: no upper bound. (On 20
-//! to 100 timed calls, the profile's p99 stood from 0.5 to 12 times the
-//! traced one: a figure without its range said nothing of that.)
+//! percentile may lie beyond every timed call: no upper bound. (A p99
+//! of a few tens of timed calls can stand several times off the traced
+//! one: a figure without its range said nothing of that.)
 //!
 //! Two more parts widen it:
 //! - the histogram's bucket (a percentile is a bucket's middle);
@@ -19,9 +19,8 @@
 //!   ([`HOOK_COST_SPREAD`], as the call estimates' does) alike in every
 //!   call. A call that runs many instrumented callees with their probes
 //!   on is known only that well: the trace tool's, which runs every
-//!   probe, most (Lua's `atomic`: 2.0 us of its own inside 12.8 us, the
-//!   rest its callees' hooks; the profiler, with most of them off, read
-//!   0.8-1.1 us).
+//!   probe, most (a garbage collector's step, whose own time is a small
+//!   part of its callees' hooks' time).
 
 use super::window::HOOK_COST_SPREAD;
 use fastinst_report::Range;
@@ -89,11 +88,11 @@ pub(crate) fn range(
     // Below the lowest rank the true quantile may lie under every timed
     // call: bounded by none but 0.
     let lo = if lo > 0.0 {
-        (at(lo) / (1.0 + err.half_bucket)).clamp(min, max) * (1.0 - err.systematic).max(0.0)
+        widen_down(at(lo), err.half_bucket, err.systematic, (min, max))
     } else {
         0.0
     };
-    let hi = hi.map(|h| (at(h) * (1.0 + err.half_bucket)).clamp(min, max) * (1.0 + err.systematic));
+    let hi = hi.map(|h| widen_up(at(h), err.half_bucket, err.systematic, (min, max)));
     Some(Range {
         lo: to_us(lo),
         hi: hi.map(to_us),
@@ -102,11 +101,23 @@ pub(crate) fn range(
 
 /// The range of a percentile `mid` (ticks) known to its bucket and the
 /// hooks' part: every call timed (the trace tool).
-pub(crate) fn exact_range(mid: f64, half_bucket: f64, systematic: f64, (min, max): (f64, f64)) -> Range {
+pub(crate) fn exact_range(mid: f64, half_bucket: f64, systematic: f64, bounds: (f64, f64)) -> Range {
     Range {
-        lo: (mid / (1.0 + half_bucket)).clamp(min, max) * (1.0 - systematic).max(0.0),
-        hi: Some((mid * (1.0 + half_bucket)).clamp(min, max) * (1.0 + systematic)),
+        lo: widen_down(mid, half_bucket, systematic, bounds),
+        hi: Some(widen_up(mid, half_bucket, systematic, bounds)),
     }
+}
+
+/// A bucket's middle `x` moved down by the bucket and the hooks' part:
+/// kept within the timed calls' bounds before the hooks' part (which may
+/// take it below every timed call), and not below 0.
+fn widen_down(x: f64, half_bucket: f64, systematic: f64, (min, max): (f64, f64)) -> f64 {
+    (x / (1.0 + half_bucket)).clamp(min, max) * (1.0 - systematic).max(0.0)
+}
+
+/// [`widen_down`]'s upward counterpart.
+fn widen_up(x: f64, half_bucket: f64, systematic: f64, (min, max): (f64, f64)) -> f64 {
+    (x * (1.0 + half_bucket)).clamp(min, max) * (1.0 + systematic)
 }
 
 #[cfg(test)]
@@ -144,7 +155,7 @@ mod tests {
     fn ranges_cover_the_true_quantile_nineteen_times_in_twenty() {
         let qs = [0.5, 0.9, 0.99];
         let truth = exact_quantiles(&qs);
-        let half = 1.0 / f64::from(1u32 << (PROFILE_BITS + 1));
+        let half = Hist::<PROFILE_BITS>::HALF_BUCKET;
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let trials = 600;
         let mut covered = [0u32; 3];
@@ -204,7 +215,7 @@ mod tests {
         for _ in 0..n {
             h.add(duration(&mut rng));
         }
-        let half = 1.0 / f64::from(1u32 << (PROFILE_BITS + 1));
+        let half = Hist::<PROFILE_BITS>::HALF_BUCKET;
         let mid = h.percentile(n, 0.5);
         let err = Error {
             n: effective(n, n),

@@ -322,7 +322,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // The same quantile function at the levels bounding each
             // percentile's rank (`range`).
             let n_eff = super::range::effective(a.w, a.w2);
-            let half = 1.0 / f64::from(1u32 << (super::hist::PROFILE_BITS + 1));
+            let half = super::hist::Hist::<{ super::hist::PROFILE_BITS }>::HALF_BUCKET;
             let bounds = (a.min as f64, a.max as f64);
             let err = super::range::Error {
                 n: n_eff,
