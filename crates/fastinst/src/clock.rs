@@ -14,6 +14,12 @@
 //! it once per process and every hook adds it to its time
 //! ([`unseen_ticks`]).
 //!
+//! A sled's counting stub (`crate::sled::counter`) counts a call without
+//! any hook: it cannot stamp, so it adds one to its thread's
+//! [`ThreadClock::fast_calls`] instead, and each such call is charged the
+//! calibrated cost of that path ([`fast_cost`]) in
+//! [`ThreadClock::hook_ticks`].
+//!
 //! Periods: a tool may cut time into periods ([`advance_period`]); each
 //! thread notes its hook ticks at its first hook of a period, which are its
 //! hook ticks at the period's start (no hook of the thread ran in between).
@@ -48,6 +54,10 @@ pub struct ThreadClock {
     /// TSC ticks this thread has spent inside hooks (written by the thread
     /// itself only, with plain stores; others read).
     hook_ticks: AtomicU64,
+    /// Calls counted by a sled's counting stub on this thread, which adds
+    /// one with a plain `inc` at [`FAST_CALLS_OFFSET`] (the thread itself
+    /// only; others read).
+    fast_calls: AtomicU64,
     /// Hooks this thread has run with the clock on (for [`unseen_ticks`]).
     hooks: AtomicU64,
     /// The stamp of the hook in progress, as far as it has been charged
@@ -70,11 +80,29 @@ pub struct ThreadClock {
     tid: i32,
 }
 
+/// Where a thread's [`ThreadClock::fast_calls`] lies in its record: the
+/// counting stub's displacement, which must fit in a byte.
+pub(crate) const FAST_CALLS_OFFSET: u8 = std::mem::offset_of!(ThreadClock, fast_calls) as u8;
+const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_calls) < 128);
+
 impl ThreadClock {
-    /// Ticks this thread has spent inside hooks so far, as stamped.
+    /// Ticks this thread has spent inside hooks so far: as stamped, and
+    /// the counting stub's calls at their calibrated cost.
     #[inline(always)]
     pub fn hook_ticks(&self) -> u64 {
+        self.stamped() + self.fast_calls() * u64::from(FAST_COST.load(Ordering::Relaxed))
+    }
+
+    /// Ticks of this thread's hooks as stamped (with what the stamps miss).
+    #[inline(always)]
+    fn stamped(&self) -> u64 {
         self.hook_ticks.load(Ordering::Relaxed)
+    }
+
+    /// Calls a sled's counting stub has counted on this thread.
+    #[inline(always)]
+    pub fn fast_calls(&self) -> u64 {
+        self.fast_calls.load(Ordering::Relaxed)
     }
 
     /// Clocked hooks this thread has run so far.
@@ -202,6 +230,7 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
     crate::spin::acquire(&PUSH);
     let rec = THREADS.push_with(|_| ThreadClock {
         hook_ticks: AtomicU64::new(0),
+        fast_calls: AtomicU64::new(0),
         hooks: AtomicU64::new(0),
         open_since: AtomicU64::new(0),
         period: AtomicU32::new(u32::MAX),
@@ -272,6 +301,21 @@ fn hook_part(since: u64, now: u64) -> u64 {
 static UNSEEN_FI: AtomicU32 = AtomicU32::new(0);
 static UNSEEN_SLED: AtomicU32 = AtomicU32::new(0);
 
+/// Ticks a call through a sled's counting stub costs (`hookcost`
+/// measures it once per process; 0 before). Changed only before any
+/// counting stub is armed: a thread's hook ticks must only grow.
+static FAST_COST: AtomicU32 = AtomicU32::new(0);
+
+/// What a call through a sled's counting stub is charged.
+pub fn fast_cost() -> u32 {
+    FAST_COST.load(Ordering::Relaxed)
+}
+
+/// Sets [`fast_cost`], as measured at start.
+pub(crate) fn set_fast_cost(ticks: u32) {
+    FAST_COST.store(ticks, Ordering::Relaxed);
+}
+
 /// What the stamps of one hook of each path miss, as `hookcost` last
 /// measured it (`-finstrument-functions`, sled); 0 before.
 pub fn unseen_ticks() -> (u32, u32) {
@@ -336,7 +380,7 @@ fn end_at(rec: usize, t: u64, unseen: &AtomicU32) {
     let d = hook_part(start, t) + u64::from(unseen.load(Ordering::Relaxed));
     // The count first: a reader adds the running part to it, and must not
     // see the running part gone before the count has it.
-    rec.hook_ticks.store(rec.hook_ticks() + d, Ordering::Release);
+    rec.hook_ticks.store(rec.stamped() + d, Ordering::Release);
     rec.open_since.store(0, Ordering::Release);
     rec.hooks.store(rec.hooks() + 1, Ordering::Relaxed);
 }
@@ -350,7 +394,7 @@ pub fn flush() {
         if since != 0 {
             let now = tsc::now();
             rec.hook_ticks
-                .store(rec.hook_ticks() + now.saturating_sub(since), Ordering::Release);
+                .store(rec.stamped() + now.saturating_sub(since), Ordering::Release);
             rec.open_since.store(now, Ordering::Release);
         }
     }
@@ -370,7 +414,7 @@ pub(crate) fn set_unseen(fi: u32, sled: u32) {
 /// must not hold it.
 pub(crate) fn charge_discovery(ticks: u64) {
     if let Some(rec) = current().or_else(|| register(tsc::now())) {
-        rec.hook_ticks.store(rec.hook_ticks() + ticks, Ordering::Relaxed);
+        rec.hook_ticks.store(rec.stamped() + ticks, Ordering::Relaxed);
     }
 }
 
@@ -378,7 +422,7 @@ pub(crate) fn charge_discovery(ticks: u64) {
 /// signal handler of a tool) to its hook time.
 pub fn charge(ticks: u64) {
     if let Some(rec) = current() {
-        rec.hook_ticks.store(rec.hook_ticks() + ticks, Ordering::Relaxed);
+        rec.hook_ticks.store(rec.stamped() + ticks, Ordering::Relaxed);
     }
 }
 

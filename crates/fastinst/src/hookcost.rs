@@ -7,7 +7,7 @@
 //! trampoline, with its mispredicted return). Left in, this cost made a
 //! traced program's own time several times its real run.
 
-use crate::clock::{current, set_clocked, set_unseen, unseen_ticks};
+use crate::clock::{current, fast_cost, set_clocked, set_fast_cost, set_unseen, unseen_ticks};
 use wordpatch::tsc;
 
 /// An id no probe has: the hooks find no probe for it and return, so
@@ -59,14 +59,58 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
 }
 
 /// Ticks a sled probe's hook costs beyond its own stamps (the call,
-/// the stub, the trampolines' saves and restores, the return through
+/// the stub, a function stub's disarmed counting path as every real one
+/// has it, the trampolines' saves and restores, the return through
 /// the exit trampoline, the TSC reads' halves), averaged over its entry
 /// and its exit, as [`fi_unseen`] measures them. `None` when the sled
 /// trampoline cannot be placed.
 pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
     let id = crate::sled::shadow::CALIBRATION_ID;
-    let (on, off) = crate::sled::trampoline::calibration_functions(id.get())?;
+    let (on, off, _) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
     least_unseen(rounds, |hooked| call_loop(if hooked { on } else { off }, n))
+}
+
+/// Ticks a whole sled hook costs, stamped part included, as the quietest
+/// of `rounds` rounds of `n` calls measure it (its handler finds no
+/// probe, so a real handler costs more).
+fn sled_hook_cost(rounds: usize, n: u64) -> Option<f64> {
+    let id = crate::sled::shadow::CALIBRATION_ID;
+    let (on, off, _) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
+    least_unseen(rounds, |hooked| {
+        let (wall, _, hooks) = call_loop(if hooked { on } else { off }, n);
+        (wall, 0, hooks)
+    })
+}
+
+/// What a call through a sled's counting path costs, in hooks of the
+/// full path ([`COUNTED_CALL_HOOKS`]'s figure); 1 before it is measured.
+pub(crate) fn counted_call_hooks() -> f64 {
+    f64::from(COUNTED_CALL_HOOKS.load(std::sync::atomic::Ordering::Relaxed)) / 1000.0
+}
+
+/// A counted call's cost over a full sled hook's, in thousandths: the
+/// profiler's density shares hook time, and a window of a function whose
+/// stub counts costs this much of a hook per call. Against the
+/// calibration's hook, whose handler does nothing, so it errs high.
+static COUNTED_CALL_HOOKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1000);
+
+/// Ticks a call through a sled's counting path costs (the call, the
+/// path, the return; `crate::sled::counter`) beyond the same call to a
+/// switched-off sled: the quietest of `rounds` rounds of `n` calls each.
+/// `None` when no counting stub could be made, or its calls were not
+/// counted on this thread (it has no clock).
+pub fn counting_cost(rounds: usize, n: u64) -> Option<f64> {
+    let id = crate::sled::shadow::CALIBRATION_ID;
+    let (on, off, counter) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
+    // Armed, with no call ever drawn: every call takes the counting path.
+    counter?.arm(0, u64::MAX / 2);
+    least_unseen(rounds, |counting| {
+        let before = current().map_or(0, |c| c.fast_calls());
+        let (wall, _, _) = call_loop(if counting { on } else { off }, n);
+        // What the path charges is what is being measured: no stamped
+        // part.
+        (wall, 0, current().map_or(0, |c| c.fast_calls()) - before)
+    })
 }
 
 /// Ticks a `-finstrument-functions` hook costs beyond its own stamps:
@@ -144,7 +188,24 @@ pub fn start_clock() {
                 "clock: no hook path could be calibrated; hooks are charged their stamps alone"
             )),
         }
-        crate::log::info(format_args!("clock: a hook's stamps miss {:?} ticks (finstrument, sled)", unseen_ticks()));
+        match counting_cost(ROUNDS, 500) {
+            Some(c) => {
+                set_fast_cost(ticks(c));
+                if let Some(h) = sled_hook_cost(ROUNDS, 500).filter(|&h| h > 0.0) {
+                    let share = (c / h).clamp(0.0, 1.0);
+                    COUNTED_CALL_HOOKS.store((share * 1000.0).round() as u32, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            None => crate::log::warn(format_args!(
+                "clock: the sleds' counting path could not be calibrated; its calls are charged nothing"
+            )),
+        }
+        crate::log::info(format_args!(
+            "clock: a hook's stamps miss {:?} ticks (finstrument, sled); a counted sled call costs {} ({:.3} hooks)",
+            unseen_ticks(),
+            fast_cost(),
+            counted_call_hooks()
+        ));
     });
 }
 
@@ -195,8 +256,9 @@ mod tests {
         );
     }
 
-    /// The calibration runs both real hook paths: each call is charged to
-    /// the thread as one hook, and what the stamps miss comes out as a
+    /// The calibration runs both real hook paths and the sleds' counting
+    /// path: each call is charged to the thread as one hook (a counted
+    /// call as one fast call), and what the stamps miss comes out as a
     /// finite, non-negative number of ticks (its size is the
     /// benchmark's business, not a test's).
     #[test]
@@ -209,8 +271,18 @@ mod tests {
             let after = current().expect("record").hooks();
             // Three rounds of 200 calls, each an entry and a watched exit.
             assert_eq!(after - before, 3 * 200 * 2, "every sled call is two hooks");
-            assert!(e.is_finite() && e >= 0.0 && s.is_finite() && s >= 0.0, "{e} {s}");
-            eprintln!("unseen per hook: finstrument {e:.1} ticks, sled {s:.1}");
+            let f = current().expect("record").fast_calls();
+            let c = counting_cost(3, 200).expect("a counting stub, on a thread with a clock");
+            assert_eq!(
+                current().expect("record").fast_calls() - f,
+                3 * 200,
+                "every counted call is charged"
+            );
+            assert!(
+                e.is_finite() && e >= 0.0 && s.is_finite() && s >= 0.0 && c.is_finite() && c >= 0.0,
+                "{e} {s} {c}"
+            );
+            eprintln!("unseen per hook: finstrument {e:.1} ticks, sled {s:.1}; a counted call {c:.1}");
         })
         .join()
         .unwrap();

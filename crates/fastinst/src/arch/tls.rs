@@ -188,6 +188,23 @@ word_slot!(
     "this thread's sled shadow stack (a pointer; 0 before its first sled call)"
 );
 
+/// The offset of the clock slot ([`clock`]) from the thread pointer, the
+/// same on every thread: generated code (a sled's counting stub) reads it
+/// as `fs:[offset]`. `None` if it does not fit a 32-bit displacement
+/// (static TLS lies within a few pages of the thread pointer).
+pub(crate) fn clock_offset() -> Option<i32> {
+    let off: i64;
+    // SAFETY: reads the slot's link-time offset from the GOT; no TLS memory
+    // is touched.
+    unsafe {
+        core::arch::asm!(
+            "mov {o}, qword ptr [rip + fastinst_clock@GOTTPOFF]",
+            o = out(reg) off, options(nostack, readonly, preserves_flags)
+        )
+    };
+    i32::try_from(off).ok()
+}
+
 /// How far below the thread pointer these slots reach: what a thread
 /// with a TLS block of its own ([`crate::rawthread`]) must map for them.
 pub(crate) fn depth() -> usize {

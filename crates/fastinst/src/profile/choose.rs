@@ -61,6 +61,43 @@ pub(crate) fn weight(j: u8) -> u32 {
     1 << j.min(MAX_SHIFT)
 }
 
+/// Where the call to time next lies, counted from the one after the last:
+/// a draw of the geometric distribution of chance `2^-j` (1 is the very
+/// next call), from the uniform draw `r`. A sled's counting stub times
+/// the calls these gaps lead to (`crate::sled::counter`), which is the
+/// same as [`chosen`] drawing each call alone.
+///
+/// Plain arithmetic, as [`shift_for`]: the raw sampler runs it.
+pub(crate) fn gap(j: u8, r: u64) -> u64 {
+    let j = j.min(MAX_SHIFT);
+    if j == 0 {
+        return 1;
+    }
+    // u in (0, 1]; P(G > k) = (1 - p)^k.
+    let u = ((r >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    let p = 1.0 / f64::from(weight(j));
+    let k = ln(u) / ln(1.0 - p);
+    // At most 2^40 calls on: a window holds far fewer.
+    1 + (k.clamp(0.0, (1u64 << 40) as f64)) as u64
+}
+
+/// The natural logarithm of `x > 0` without `libm` (the raw sampler must
+/// not enter the C library): `x = m 2^e` with `m` in `[1, 2)`, and
+/// `ln m = 2 atanh((m - 1) / (m + 1))` by its series, whose terms shrink
+/// ninefold each at worst.
+fn ln(x: f64) -> f64 {
+    let bits = x.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let m = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52));
+    let s = (m - 1.0) / (m + 1.0);
+    let (s2, mut term, mut sum) = (s * s, s, 0.0);
+    for k in 0..14 {
+        sum += term / f64::from(2 * k + 1);
+        term *= s2;
+    }
+    e as f64 * std::f64::consts::LN_2 + 2.0 * sum
+}
+
 /// The next draw of a thread's generator (xorshift64*; `state` never 0).
 #[inline(always)]
 pub(crate) fn draw(state: &mut u64) -> u64 {
@@ -110,6 +147,41 @@ mod tests {
             let p = 1.0 / f64::from(weight(j));
             let sd = (n as f64 * p * (1.0 - p)).sqrt();
             assert!((k - n as f64 * p).abs() <= 5.0 * sd + 1.0, "shift {j}: {k} of {n}");
+        }
+    }
+
+    #[test]
+    fn the_logarithm_matches_the_c_librarys() {
+        for x in [1e-300, 1e-16, 0.001, 0.3, 0.5, 0.999_999, 1.0, 1.5, 2.0, 7.0, 1e9] {
+            let (ours, libm) = (ln(x), x.ln());
+            assert!(
+                (ours - libm).abs() <= 1e-12 * libm.abs().max(1.0),
+                "ln {x}: {ours} against {libm}"
+            );
+        }
+    }
+
+    /// Gaps of chance `2^-j` time one call in `2^j`, each call alike: the
+    /// share of calls they time, and how they spread (a geometric
+    /// distribution's variance `(1 - p) / p^2`).
+    #[test]
+    fn gaps_time_each_call_with_its_shifts_chance() {
+        let mut state = seed(9);
+        assert_eq!(gap(0, draw(&mut state)), 1);
+        for j in [1u8, 3, 8, 16] {
+            let p = 1.0 / f64::from(weight(j));
+            let n = 40_000;
+            let gaps: Vec<f64> = (0..n).map(|_| gap(j, draw(&mut state)) as f64).collect();
+            assert!(gaps.iter().all(|&g| g >= 1.0));
+            let mean = gaps.iter().sum::<f64>() / n as f64;
+            let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n as f64;
+            let sd_of_mean = ((1.0 - p) / (p * p) / n as f64).sqrt();
+            assert!((mean - 1.0 / p).abs() <= 5.0 * sd_of_mean, "shift {j}: mean gap {mean}");
+            let want = (1.0 - p) / (p * p);
+            assert!(
+                (var / want - 1.0).abs() < 0.1,
+                "shift {j}: variance {var} against {want}"
+            );
         }
     }
 

@@ -14,6 +14,7 @@ use super::exitlog::ExitLog;
 use super::spread::Spread;
 use super::window::Window;
 use crate::probe::ProbeId;
+use crate::sled::counter::Counter;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 /// Exits per window that may match no sampled call before a closed
@@ -31,6 +32,9 @@ pub const EXIT_BUDGET: u32 = 64;
 
 // What a sample reads and writes is the first line.
 const _: () = assert!(std::mem::offset_of!(Func, exits_follow_entry) < 64);
+
+/// A gap no run reaches: a counter armed with it sends no call on.
+const NEVER: u64 = 1 << 62;
 
 /// [`Func::hint_exit`]'s flag for a tail-jump exit.
 pub(crate) const TAIL_HINT: u32 = 1 << 30;
@@ -183,6 +187,62 @@ impl Func {
         self.timed.exit_log.reset();
         self.timed.spread.reset();
         self.window.reset();
+        // A window open when the parent forked left them armed.
+        self.disarm_counters();
+    }
+
+    /// Calls `each` with the counter of every entry probe of it whose
+    /// stub counts (`crate::sled::counter`).
+    fn for_each_counter(&self, mut each: impl FnMut(&'static Counter)) {
+        self.probes.for_each(|id, is_entry| {
+            if let Some(c) = is_entry.then(|| crate::sled::counter_of(id)).flatten() {
+                each(c);
+            }
+        });
+    }
+
+    /// Arms its entry stubs' counters for a window that times a call with
+    /// chance `2^-chance`, its first drawn from the seed `draw` (for a
+    /// count alone, timing none, with `None`); notes
+    /// where their count starts ([`Func::counted_since_open`]). For one
+    /// thread at a time: the schedule's lock holder, before the probes go
+    /// on, or the handler that won [`Window::start_whole_counting`].
+    pub(crate) fn arm_counters(&self, chance: Option<u8>, draw: u64) {
+        let mut from = 0;
+        let mut state = super::choose::seed(draw);
+        self.for_each_counter(|c| {
+            from += match chance {
+                Some(j) => c.arm(j, super::choose::gap(j, super::choose::draw(&mut state))),
+                // No call is ever sent on: none is drawn, and a call sent
+                // on would find no window to claim it in, so `next` would
+                // stay behind and every later call would run the full hook
+                // and be counted twice.
+                None => c.arm(0, NEVER),
+            }
+        });
+        self.window.counted_from.store(from, Ordering::Relaxed);
+    }
+
+    /// Whether every entry probe of it counts in its stub.
+    pub(crate) fn counts_in_stubs(&self) -> bool {
+        let (mut entries, mut counting) = (0, 0);
+        self.probes.for_each(|id, is_entry| {
+            entries += u32::from(is_entry);
+            counting += u32::from(is_entry && crate::sled::counter_of(id).is_some());
+        });
+        entries > 0 && entries == counting
+    }
+
+    /// Disarms its entry stubs' counters: every call runs the full hook.
+    pub(crate) fn disarm_counters(&self) {
+        self.for_each_counter(|c| c.disarm());
+    }
+
+    /// The calls its entry stubs have counted since [`Func::arm_counters`].
+    pub(crate) fn counted_since_open(&self) -> u64 {
+        let mut now = 0;
+        self.for_each_counter(|c| now += c.calls());
+        now.saturating_sub(self.window.counted_from.load(Ordering::Relaxed))
     }
 
     /// Notes exit probe `id`, found by its hook call at site-table slot

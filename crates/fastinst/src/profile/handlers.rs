@@ -125,19 +125,30 @@ pub(super) fn reopened(f: &Func) -> bool {
 pub(super) extern "C" fn on_entry(id: ProbeId) {
     let Some(p) = get() else { return };
     let Some((f, fi)) = func_of(p, id) else { return };
-    let draw = match f.window.kind() {
-        Kind::Whole => count_whole(p, f, fi, id),
+    let by_draw = |r: u64| {
+        let j = f.chance.load(Ordering::Relaxed);
+        choose::chosen(j, r).then_some(j)
+    };
+    let timed = match f.window.kind() {
+        Kind::Whole => count_whole(p, f, fi, id).and_then(by_draw),
         // Between its windows the sampler keeps its probe off; one that
         // fires as a window closes is not counted.
-        Kind::Windowed if f.window.is_open() => count_call(fi).1,
+        Kind::Windowed if f.window.is_open() => match crate::sled::counter_of(id) {
+            // The stub counted it, and sends on the call drawn for timing.
+            Some(c) => next_draw().and_then(|r| {
+                let j = f.chance.load(Ordering::Relaxed);
+                c.claim(j, choose::gap(j, r))
+            }),
+            None => count_call(fi).1.and_then(by_draw),
+        },
         Kind::Windowed => None,
     };
-    let j = f.chance.load(Ordering::Relaxed);
-    if !draw.is_some_and(|r| choose::chosen(j, r)) {
+    // The shift the call was drawn at: it stands for `2^j` calls.
+    let Some(j) = timed else {
         // Not timed: a light handler, no exit watched.
         crate::hooks::decline_exit();
         return;
-    }
+    };
     f.took(j);
     // Every hook times itself while the profiler runs: this thread's clock
     // exists (the hook made it), unless the profiler started while this
@@ -183,6 +194,18 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
     }
 }
 
+/// This thread's next draw, for a call its stub counted (`None` on a
+/// thread that is exiting).
+#[inline(always)]
+fn next_draw() -> Option<u64> {
+    with_local(|store, _| {
+        if store.clock.load(Ordering::Relaxed) == 0 {
+            store.link_clock();
+        }
+        store.draw()
+    })
+}
+
 /// Counts a call of function `fi` on this thread; returns its calls on
 /// the thread since its count was last marked, and the thread's next
 /// draw for choosing whether to time it (`None` on a thread that is
@@ -210,6 +233,18 @@ pub(super) fn count_whole(p: &Profiler, f: &Func, fi: u32, id: ProbeId) -> Optio
     if f.window.counted_epoch.load(Ordering::Relaxed) != epoch {
         f.window.counted_epoch.store(epoch, Ordering::Relaxed);
         p.due.push(fi);
+    }
+    if k > p.live.whole_overflow() && f.counts_in_stubs() {
+        // Its stubs count the rest of the epoch exactly, at a fraction of
+        // a hook a call, and time none. (Going off lost the calls of a
+        // burst that ended before the next epoch's windows: QuickJS's sort
+        // comparator read 130 of a million.)
+        if f.window.start_whole_counting() {
+            f.arm_counters(None, 0);
+            f.window.overflow_at.store(tsc::now(), Ordering::Release);
+            p.due.push(fi);
+        }
+        return None;
     }
     if k > p.live.whole_overflow()
         && f.window

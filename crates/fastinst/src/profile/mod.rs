@@ -8,7 +8,9 @@
 //!   and every call counted; the windows' counts over their exposure, the
 //!   program's own CPU time (`exposure`), estimate every call (`window`).
 //!   A function with few calls is counted whole, every call of every
-//!   epoch.
+//!   epoch. In a sled build the function's stub counts a window's calls
+//!   itself (`crate::sled::counter`), at a fraction of a hook's cost, and
+//!   sends on only the calls drawn for timing.
 //! - Among the counted calls, each is timed by an independent draw
 //!   (`choose`), about K a function an epoch (`FASTINST_PROFILE_SAMPLES`,
 //!   default 10): entry and exit paired, its duration in the program's own

@@ -445,16 +445,19 @@ struct Cpu {
 
 /// Charges each CPU sample to the instrumented function holding its
 /// program counter (`ranges`), or else to its symbol ([`symbol_name`]); the
-/// profiler's own samples (in a handler, or in its library) apart.
+/// profiler's own samples (in a handler, in its library, or in a sled's
+/// stub) apart.
 fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str) -> Cpu {
     let (pcs, taken) = super::cpusample::samples();
     let (lo, hi) = super::cpusample::own_library();
+    let stubs = crate::sled::trampoline::stub_areas();
     let mut by_function: FxMap<u32, u64> = FxMap::default();
     let mut other: FxMap<u64, u64> = FxMap::default();
     let mut by_symbol: FxMap<Arc<str>, u64> = FxMap::default();
     let (mut program, mut profiler) = (0u64, 0u64);
     for pc in pcs {
-        if pc & super::cpusample::IN_HOOK != 0 || (lo..hi).contains(&pc) {
+        let in_stub = || stubs.iter().any(|&(a, b)| (a..b).contains(&(pc as usize)));
+        if pc & super::cpusample::IN_HOOK != 0 || (lo..hi).contains(&pc) || in_stub() {
             profiler += 1;
             continue;
         }

@@ -292,7 +292,8 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
 }
 
 /// Switches function `fi`'s probes on for a window, exits first so that
-/// no timed entry misses its exit, marks its counters, and sets the chance
+/// no timed entry misses its exit, marks its counters and arms its stubs'
+/// (`crate::sled::counter`), and sets the chance
 /// of timing a call in it (`2^-chance`); whether it is armed.
 fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
     let Some(f) = p.funcs.get(fi) else { return false };
@@ -300,6 +301,7 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
         return false;
     }
     p.open_counts(fi);
+    f.arm_counters(Some(chance), tsc::now() ^ (u64::from(fi) << 32));
     let (toggles, skipped) = p.arm(f, chance, budget, s.raw, s.entry, s.exit);
     p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
     if skipped {
@@ -313,14 +315,30 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
 /// `-finstrument-functions` build's exit hook call), not only for the
 /// timed ones (a sled's exit, watched from its entry). The density is
 /// shared in hooks, so that a build whose counted calls cost two hooks
-/// counts no more hook time than one whose calls cost one.
+/// counts no more hook time than one whose calls cost one. A call that
+/// a sled's stub counts runs no hook: it costs the counting path's share
+/// of one (`crate::hookcost::counted_call_hooks`).
 fn hooks_per_call(f: &Func) -> f64 {
-    if f.exits_follow_entry.load(Ordering::Relaxed) {
+    if f.counts_in_stubs() {
+        crate::hookcost::counted_call_hooks()
+    } else if f.exits_follow_entry.load(Ordering::Relaxed) {
         1.0
     } else {
         2.0
     }
 }
+
+/// How many times its share of windows a function gets whose counted
+/// calls cost `hooks` hooks each: a sled function whose stub counts costs
+/// a fraction of a hook a call, and the same share of the density covers
+/// more of its time with windows, which is what its estimate's spread
+/// shrinks with. At most [`COUNTING_BOOST_MAX`].
+fn counting_boost(hooks: f64) -> f64 {
+    (1.0 / hooks.max(1e-3)).sqrt().clamp(1.0, COUNTING_BOOST_MAX)
+}
+
+/// The most [`counting_boost`] gives.
+pub const COUNTING_BOOST_MAX: f64 = 4.0;
 
 /// Closes the open windows whose time is up (every one, with `all`):
 /// their counting and timing stop, one reading of the clock ends them all,
@@ -337,6 +355,8 @@ fn close(p: &State, s: &mut Inner, all: bool) {
         if let Some(f) = p.funcs.get(w.fi) {
             f.window.set_open(false);
             f.closed.store(true, Ordering::SeqCst);
+            // Its stubs stop counting with its handlers.
+            f.disarm_counters();
         }
     }
     let end = s.exposure.advance(p);
@@ -359,7 +379,7 @@ fn close(p: &State, s: &mut Inner, all: bool) {
         if f.window.kind() != Kind::Windowed {
             continue;
         }
-        let n = p.counted(w.fi);
+        let n = p.counted(w.fi) + f.counted_since_open();
         let x = end.x() - w.start.x();
         // Exposure is CPU time less the hooks' time, read at two moments:
         // in a window the hooks nearly filled, what is left can be noise
@@ -399,7 +419,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             // average the burstier it is: it gets more of them (its count
             // varies more from window to window), at about the same
             // counting cost.
-            let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX);
+            let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX) * counting_boost(hooks_per_call(f));
             s.order.push((fi, e.sizing_rate(), more, e.mean_calls()));
             // Off until its windows (one counted whole until now has them on).
             f.closed.store(true, Ordering::SeqCst);
@@ -412,10 +432,19 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
         }
     }
     let want = f64::from(p.live.samples());
-    for j in 0..s.order.len() {
+    // Shares that would plan more windows than the queue holds shrink
+    // alike: cutting the queue at its end instead left the functions last
+    // in the order with no window in any epoch, their calls estimated from
+    // none (Lua's `lua_geti` read 65 of 2.7 million).
+    let planned: f64 = s.order.iter().map(|o| p.live.windows() as f64 * o.2).sum();
+    let fit = (MAX_PER_EPOCH as f64 / planned.max(1.0)).min(1.0);
+    // Where even one window each overflows it, a different function is
+    // first each epoch.
+    let first = epoch as usize % s.order.len().max(1);
+    for j in (0..s.order.len()).map(|i| (i + first) % s.order.len()) {
         let (fi, r, more, per_window) = s.order[j];
-        let k = (p.live.windows() as f64 * more).round().max(1.0) as usize;
         let hooks = p.funcs.get(fi).map_or(1.0, hooks_per_call);
+        let k = (p.live.windows() as f64 * more * fit).round().max(1.0) as usize;
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
         let span = len.saturating_sub(wlen).max(1);
         // The weights undo whatever chance is chosen; this one aims at the

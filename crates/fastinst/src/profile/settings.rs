@@ -43,7 +43,8 @@ pub struct Settings {
     /// Counting hooks per 1,000 ticks of program time that the open
     /// windows may run together (`FASTINST_PROFILE_DENSITY`, 1 to 1,000,
     /// default 20; see `schedule`): a counted call runs one hook in a sled
-    /// build, two in a `-finstrument-functions` build. The planned windows
+    /// build, two in a `-finstrument-functions` build, and costs a fraction
+    /// of one where a sled's stub counts it. The planned windows
     /// that do not fit wait or are dropped, so a lower density counts less,
     /// at less cost, and leaves more of the planned windows unopened.
     pub density: u32,

@@ -221,14 +221,22 @@ impl State {
 
 impl State {
     /// Adds the calls of whole function `f` (index `fi`) counted since its
-    /// last fold to its estimate; returns them, and the TSC at which its
-    /// count overflowed and its probe went off (0: it did not). The
+    /// last fold to its estimate (its stubs' too, where they took over its
+    /// count); returns them, and the TSC at which its count overflowed and
+    /// its probe went off (0: it did not, or its stubs counted on). The
     /// schedule's lock is held.
     pub(crate) fn fold_whole(&self, f: &Func, fi: u32) -> (u64, u64) {
-        let n = self.take_counted(fi);
+        let mut n = self.take_counted(fi);
+        let mut overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
+        if overflow != 0 && f.window.end_whole_counting() {
+            // Its stubs counted the rest: nothing was missed.
+            f.disarm_counters();
+            n += f.counted_since_open();
+            overflow = 0;
+        }
         // SAFETY: the caller holds the schedule's lock.
         unsafe { f.window.estimate_mut() }.counted += n as f64;
-        (n, f.window.overflow_at.swap(0, Ordering::AcqRel))
+        (n, overflow)
     }
 
     /// Where in the running epoch (begun at TSC `t0`, now `now`) exposure

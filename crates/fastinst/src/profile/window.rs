@@ -93,6 +93,13 @@ pub(crate) struct Window {
     /// When a whole function passed [`WHOLE_OVERFLOW`] calls on a thread
     /// in an epoch (wall TSC; 0: it has not).
     pub overflow_at: AtomicU64,
+    /// What its entry stubs' counters (`crate::sled::counter`) read when
+    /// its window opened, or when a whole function's stubs took over its
+    /// count.
+    pub counted_from: AtomicU64,
+    /// A whole function's stubs count its calls to the epoch's end (its
+    /// count overflowed: [`WHOLE_OVERFLOW`]).
+    whole_counting: AtomicBool,
     est: UnsafeCell<Estimate>,
 }
 
@@ -165,6 +172,8 @@ impl Window {
             open: AtomicBool::new(false),
             counted_epoch: AtomicU32::new(u32::MAX),
             overflow_at: AtomicU64::new(0),
+            counted_from: AtomicU64::new(0),
+            whole_counting: AtomicBool::new(false),
             est: UnsafeCell::new(Estimate::default()),
         }
     }
@@ -189,6 +198,21 @@ impl Window {
         self.open.load(Ordering::Relaxed)
     }
 
+    /// Elects the one thread that hands a whole function's count to its
+    /// stubs: true for the first caller since the last
+    /// [`Window::end_whole_counting`].
+    pub(crate) fn start_whole_counting(&self) -> bool {
+        self.whole_counting
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Whether a whole function's stubs count for it; clears it (the
+    /// sampler, folding the count).
+    pub(crate) fn end_whole_counting(&self) -> bool {
+        self.whole_counting.swap(false, Ordering::AcqRel)
+    }
+
     /// Opens or closes its window.
     pub(crate) fn set_open(&self, open: bool) {
         self.open.store(open, Ordering::Release);
@@ -200,6 +224,8 @@ impl Window {
         self.open.store(false, Ordering::Relaxed);
         self.counted_epoch.store(u32::MAX, Ordering::Relaxed);
         self.overflow_at.store(0, Ordering::Relaxed);
+        self.counted_from.store(0, Ordering::Relaxed);
+        self.whole_counting.store(false, Ordering::Relaxed);
         // SAFETY: only the forked child's one thread runs.
         unsafe { *self.est.get() = Estimate::default() };
     }

@@ -33,6 +33,7 @@
 //! strategies, tools, the profiler) is shared with the
 //! `-finstrument-functions` provider.
 
+pub(crate) mod counter;
 pub(crate) mod shadow;
 pub(crate) mod site;
 pub(crate) mod trampoline;
@@ -422,7 +423,13 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             Some(id)
         })
         .collect();
-    let stub_ids: Vec<u32> = ids.iter().zip(&sleds).map(|(&id, c)| c.stub_id(id)).collect();
+    // A function's entry counts in its stub; a point or a `-pg` site (after
+    // the prologue, where flags may be live) does not.
+    let stub_ids: Vec<(u32, bool)> = ids
+        .iter()
+        .zip(&sleds)
+        .map(|(&id, c)| (c.stub_id(id), matches!(c.shape, Shape::Function(Frame::Entry))))
+        .collect();
     // Points of one name share a key (`ProbeMeta::function`): the first's
     // address.
     let mut point_keys: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
@@ -435,7 +442,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         *report.skipped.entry("no stub memory in reach".into()).or_default() += sleds.len();
         return;
     };
-    for ((c, &raw_id), &stub) in sleds.iter().zip(&ids).zip(&stubs) {
+    for ((c, &raw_id), &(stub, counter)) in sleds.iter().zip(&ids).zip(&stubs) {
         let (sl, func) = (&c.sled, &c.function);
         let id = ProbeId::new(raw_id);
         let rel = stub as i64 - (sl.entry as i64 + SLED_LEN as i64);
@@ -453,7 +460,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                 break;
             }
         };
-        let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call)));
+        let sled: &'static Sled = Box::leak(Box::new(Sled::new(id, sl.off(), call, counter)));
         let (name, kinds, function): (_, &[ProbeKind], u64) = match &c.shape {
             Shape::Function(_) => (s.name_and_extent(*func), &[ProbeKind::Entry, ProbeKind::Exit], *func),
             Shape::Point(n) => (
@@ -521,6 +528,15 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
         for &pid in &want[..kinds.len()] {
             announce(s, pid);
         }
+    }
+}
+
+/// The counter of entry probe `id`'s stub, if it is a sled function's
+/// entry with a counting stub (`counter`).
+pub(crate) fn counter_of(id: ProbeId) -> Option<&'static counter::Counter> {
+    match registry::get(id)?.site {
+        Site::Sled(s) if s.entry == id => s.counter,
+        _ => None,
     }
 }
 

@@ -23,6 +23,7 @@
 //!   protocol when the sled straddles a line), which is also the state
 //!   every sled starts in.
 
+use super::counter::Counter;
 use crate::code::ON;
 use crate::error::{Error, Result};
 use crate::probe::{ProbeId, Strategy};
@@ -42,6 +43,8 @@ pub(crate) struct Sled {
     pub code: AtomicU8,
     /// The code follows the entry probe alone (`toggle::follow_entry`).
     pub follows_entry: AtomicBool,
+    /// Its stub's counter, if its stub counts (`super::counter`).
+    pub counter: Option<&'static Counter>,
     lock: AtomicBool,
 }
 
@@ -54,13 +57,14 @@ impl Drop for Guard<'_> {
 }
 
 impl Sled {
-    pub(crate) fn new(entry: ProbeId, off: [u8; SLED_LEN], call: CallSite) -> Sled {
+    pub(crate) fn new(entry: ProbeId, off: [u8; SLED_LEN], call: CallSite, counter: Option<&'static Counter>) -> Sled {
         Sled {
             entry,
             off,
             call,
             code: AtomicU8::new(Strategy::WordSync as u8),
             follows_entry: AtomicBool::new(false),
+            counter,
             lock: AtomicBool::new(false),
         }
     }

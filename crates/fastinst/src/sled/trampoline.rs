@@ -2,10 +2,12 @@
 //! entry trampoline, and the exit trampoline that substituted return
 //! addresses lead to.
 //!
-//! An active sled is `call stub`. A stub, one per function, is 16 bytes in
-//! a page within ±2 GiB of its module: `push <entry probe id>; jmp
+//! An active sled is `call stub`. A stub, one per function, lies in a page
+//! within ±2 GiB of its module and ends `push <entry probe id>; jmp
 //! [rip+slot]`, where `slot` (at the start of the stub area) holds the
-//! address of the entry trampoline, which can be anywhere.
+//! address of the entry trampoline, which can be anywhere. A function's
+//! stub begins with its counting path (`super::counter`), whose counter
+//! lies in read-write pages after the stubs.
 //!
 //! What the trampolines preserve, and why that is enough. gcc turns its
 //! inter-procedural register allocation (`-fipa-ra`) off for calls to a
@@ -32,11 +34,12 @@
 //! return address there, and jumps to it (not `ret`: see the comment at
 //! its end).
 
+use super::counter::{Counter, COUNTER_LEN};
 use super::shadow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Bytes per stub.
-pub(crate) const STUB_LEN: usize = 16;
+/// Bytes per stub: room for the counting path.
+pub(crate) const STUB_LEN: usize = 80;
 /// Bytes at the start of a stub area before the first stub (the slot).
 pub(crate) const AREA_HEADER: usize = 16;
 
@@ -107,48 +110,148 @@ fn init() {
 /// slot at `slot`.
 pub(crate) fn stub_bytes(id: u32, stub: usize, slot: usize) -> [u8; STUB_LEN] {
     let mut b = [0xCC; STUB_LEN];
-    b[0] = 0x68; // push imm32 (sign-extended; ids are < 2^31)
-    b[1..5].copy_from_slice(&id.to_le_bytes());
-    b[5] = 0xFF; // jmp [rip + disp32]
-    b[6] = 0x25;
-    let disp = slot as i64 - (stub + 11) as i64;
-    b[7..11].copy_from_slice(&(disp as i32).to_le_bytes());
+    put_tail(&mut b, 0, id, stub, slot);
     b
 }
 
-/// A read+execute area of stubs for `ids` (entry probe ids, one per site),
-/// within `call rel32` reach of every address in `[lo, hi]`. Returns the
-/// address of each stub, in order, or `None` when no memory near enough
-/// could be mapped.
-pub(crate) fn make_stubs(lo: usize, hi: usize, ids: &[u32]) -> Option<Vec<usize>> {
-    let size = AREA_HEADER + STUB_LEN * ids.len();
+/// Writes `push id; jmp [rip+slot]` at `at` of the stub at `stub`; returns
+/// where it ends.
+fn put_tail(b: &mut [u8; STUB_LEN], at: usize, id: u32, stub: usize, slot: usize) -> usize {
+    b[at] = 0x68; // push imm32 (sign-extended; ids are < 2^31)
+    b[at + 1..at + 5].copy_from_slice(&id.to_le_bytes());
+    b[at + 5] = 0xFF; // jmp [rip + disp32]
+    b[at + 6] = 0x25;
+    put_rel(b, at + 7, stub + at + 11, slot);
+    at + 11
+}
+
+/// Writes at `at` the 32-bit displacement from `rip` (the end of the
+/// instruction holding it) to `target`.
+fn put_rel(b: &mut [u8; STUB_LEN], at: usize, rip: usize, target: usize) {
+    let disp = target as i64 - rip as i64;
+    b[at..at + 4].copy_from_slice(&(disp as i32).to_le_bytes());
+}
+
+/// The bytes of a counting stub (`super::counter`) for entry probe `id`
+/// at `stub`, with its counter at `counter`, the thread clock's slot at
+/// `fs:[clock]`, and the slot at `slot`:
+///
+/// ```text
+///  0  cmp qword [rip+next], 0      ; disarmed:
+///  8  je tail                      ;   the full hook
+/// 10  push rax
+/// 11  mov eax, 1
+/// 16  lock xadd [rip+calls], rax   ; rax: this call's index
+/// 25  cmp rax, [rip+next]
+/// 32  jae pop_tail                 ; the drawn call (or a racer)
+/// 34  mov rax, fs:[clock]          ; this thread's ThreadClock
+/// 43  test rax, rax
+/// 46  jz pop_tail                  ; none yet: the hook makes one
+/// 48  inc qword [rax+fast_calls]
+/// 52  pop rax
+/// 53  ret
+/// 54  pop rax                      ; pop_tail
+/// 55  push id; jmp [rip+slot]      ; tail
+/// ```
+pub(crate) fn counting_stub_bytes(id: u32, stub: usize, slot: usize, counter: usize, clock: i32) -> [u8; STUB_LEN] {
+    let (next, calls) = (counter, counter + 8);
+    let mut b = [0xCC; STUB_LEN];
+    b[0..3].copy_from_slice(&[0x48, 0x83, 0x3D]);
+    put_rel(&mut b, 3, stub + 8, next);
+    b[7] = 0x00;
+    b[8..10].copy_from_slice(&[0x74, 55 - 10]);
+    b[10] = 0x50;
+    b[11..16].copy_from_slice(&[0xB8, 1, 0, 0, 0]);
+    b[16..21].copy_from_slice(&[0xF0, 0x48, 0x0F, 0xC1, 0x05]);
+    put_rel(&mut b, 21, stub + 25, calls);
+    b[25..28].copy_from_slice(&[0x48, 0x3B, 0x05]);
+    put_rel(&mut b, 28, stub + 32, next);
+    b[32..34].copy_from_slice(&[0x73, 54 - 34]);
+    b[34..39].copy_from_slice(&[0x64, 0x48, 0x8B, 0x04, 0x25]);
+    b[39..43].copy_from_slice(&clock.to_le_bytes());
+    b[43..46].copy_from_slice(&[0x48, 0x85, 0xC0]);
+    b[46..48].copy_from_slice(&[0x74, 54 - 48]);
+    b[48..52].copy_from_slice(&[0x48, 0xFF, 0x40, crate::clock::FAST_CALLS_OFFSET]);
+    b[52] = 0x58;
+    b[53] = 0xC3;
+    b[54] = 0x58;
+    let end = put_tail(&mut b, 55, id, stub, slot);
+    debug_assert_eq!(end, 66);
+    b
+}
+
+/// A stub made by [`make_stubs`]: its address, and its counter if it
+/// counts.
+pub(crate) type Made = (usize, Option<&'static Counter>);
+
+/// A read+execute area of stubs for `ids` (entry probe ids, one per site,
+/// each with whether its stub counts: a function entry's), within `call
+/// rel32` reach of every address in `[lo, hi]`, followed by the counters
+/// in read+write pages. Returns each stub, in order, or `None` when no
+/// memory near enough could be mapped. Stubs are plain where the clock's
+/// slot cannot be addressed from generated code.
+pub(crate) fn make_stubs(lo: usize, hi: usize, ids: &[(u32, bool)]) -> Option<Vec<Made>> {
+    let clock = crate::arch::tls::clock_offset();
+    let counts = |&(_, c): &(u32, bool)| c && clock.is_some();
+    let code = (AREA_HEADER + STUB_LEN * ids.len()).div_ceil(wordpatch::PAGE_SIZE) * wordpatch::PAGE_SIZE;
+    let size = code + COUNTER_LEN * ids.iter().filter(|x| counts(x)).count();
     let area = callpatch::map_near(lo, hi, 5, size)?;
     let slot = area;
-    let stubs: Vec<usize> = (0..ids.len()).map(|i| area + AREA_HEADER + STUB_LEN * i).collect();
+    let mut made = Vec::with_capacity(ids.len());
+    let mut counter = area + code;
     // SAFETY: `area` is a fresh private read+write mapping of at least
-    // `size` bytes that nothing else knows about yet.
+    // `size` bytes that nothing else knows about yet. The counters' part is
+    // zeroed, a valid disarmed `Counter` (atomics only) at each 64-byte
+    // step, stays read+write and is never unmapped, so `&'static` holds.
     unsafe {
         *(slot as *mut u64) = enter_addr() as u64;
-        for (&id, &at) in ids.iter().zip(&stubs) {
-            std::ptr::copy_nonoverlapping(stub_bytes(id, at, slot).as_ptr(), at as *mut u8, STUB_LEN);
+        for (k, x) in ids.iter().enumerate() {
+            let at = area + AREA_HEADER + STUB_LEN * k;
+            let bytes = match clock.filter(|_| counts(x)) {
+                Some(off) => {
+                    let c = counter;
+                    counter += COUNTER_LEN;
+                    made.push((at, Some(&*(c as *const Counter))));
+                    counting_stub_bytes(x.0, at, slot, c, off)
+                }
+                None => {
+                    made.push((at, None));
+                    stub_bytes(x.0, at, slot)
+                }
+            };
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, STUB_LEN);
         }
     }
-    let len = size.div_ceil(wordpatch::PAGE_SIZE) * wordpatch::PAGE_SIZE;
-    // SAFETY: as above; after this the area is never written again.
-    if unsafe { libc::mprotect(area as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+    // SAFETY: as above; after this the stubs are never written again.
+    if unsafe { libc::mprotect(area as *mut libc::c_void, code, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+        let len = size.div_ceil(wordpatch::PAGE_SIZE) * wordpatch::PAGE_SIZE;
         // SAFETY: our own mapping, not yet referenced by any code.
         unsafe { libc::munmap(area as *mut libc::c_void, len) };
         return None;
     }
-    Some(stubs)
+    AREAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((area, area + code));
+    Some(made)
+}
+
+/// Every stub area's code, `[start, end)`: never unmapped.
+static AREAS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Every stub area's code, `[start, end)`: the runtime's code, whose time
+/// (a CPU sample in a counting path) is the profiler's, not the program's.
+pub(crate) fn stub_areas() -> Vec<(usize, usize)> {
+    AREAS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Two functions in a fresh page, for measuring what a sled probe costs
-/// beyond its stamps (`crate::clock::calibrate`): the first is a sled
+/// beyond its stamps (`crate::hookcost`): the first is a sled
 /// switched on (`call` to a stub for probe `id`, then `ret`), the second
-/// the same sled off (its 5-byte NOP, then `ret`). Leaked; `None` when no
-/// page near enough for a stub could be mapped.
-pub(crate) fn calibration_functions(id: u32) -> Option<(usize, usize)> {
+/// the same sled off (its 5-byte NOP, then `ret`); and the stub's counter
+/// when `counting` asks for a counting stub and one could be made. Leaked;
+/// `None` when no page near enough for a stub could be mapped.
+pub(crate) fn calibration_functions(id: u32, counting: bool) -> Option<(usize, usize, Option<&'static Counter>)> {
     // SAFETY: a fresh private mapping, ours alone until made executable.
     let page = unsafe {
         libc::mmap(
@@ -164,7 +267,7 @@ pub(crate) fn calibration_functions(id: u32) -> Option<(usize, usize)> {
         return None;
     }
     let at = page as usize;
-    let stub = make_stubs(at, at + 64, &[id])?[0];
+    let (stub, counter) = make_stubs(at, at + 64, &[(id, counting)])?[0];
     let mut code = [0xCCu8; 32];
     code[0] = 0xE8;
     code[1..5].copy_from_slice(&((stub as i64 - (at + 5) as i64) as i32).to_le_bytes());
@@ -179,7 +282,7 @@ pub(crate) fn calibration_functions(id: u32) -> Option<(usize, usize)> {
             return None;
         }
     }
-    Some((at, at + 16))
+    Some((at, at + 16, counter))
 }
 
 #[cfg(test)]
@@ -193,5 +296,43 @@ mod tests {
         assert_eq!(&b[5..7], &[0xFF, 0x25]);
         let disp = i32::from_le_bytes(b[7..11].try_into().unwrap());
         assert_eq!(0x10010 + 11 + disp as i64, 0x10000);
+    }
+
+    /// The counting path run for real: armed, it counts every call and
+    /// charges the thread one fast call for each it keeps; from the drawn
+    /// call on (no handler here claims it, so `next` stays) every call
+    /// goes on to the full hook; disarmed, every call does and none is
+    /// counted.
+    #[test]
+    fn a_counting_stub_counts_every_call_and_sends_on_the_drawn_one() {
+        std::thread::spawn(|| {
+            crate::clock::set_clocked(true);
+            let id = shadow::CALIBRATION_ID.get();
+            let (on, _, counter) = calibration_functions(id, true).expect("a page near enough");
+            let counter = counter.expect("a counting stub");
+            // SAFETY: `on` is a calibration function: a call to the stub
+            // (which preserves what a call may not clobber) and a return.
+            let call = || unsafe { crate::arch::stubs::call_address(on) };
+            call();
+            let clock = crate::clock::current().expect("the hook made this thread's clock");
+            assert_eq!(counter.calls(), 0, "disarmed: not counted");
+            let (h0, f0) = (clock.hooks(), clock.fast_calls());
+            let from = counter.arm(0, 10);
+            for _ in 0..100 {
+                call();
+            }
+            assert_eq!(counter.calls() - from, 100);
+            assert_eq!(clock.fast_calls() - f0, 9, "the nine before the drawn call");
+            // The calibration id's exit is watched: two hooks a call.
+            assert_eq!(clock.hooks() - h0, 2 * 91);
+            counter.disarm();
+            let (c1, h1) = (counter.calls(), clock.hooks());
+            for _ in 0..5 {
+                call();
+            }
+            assert_eq!((counter.calls(), clock.hooks() - h1), (c1, 10));
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -1,0 +1,18 @@
+/* One burst of short calls to a function never called before, between two
+ * quiet stretches: the function starts counted whole, passes its epoch's
+ * count at once, and the burst is over long before the epoch is. stdout
+ * says how many calls were made (deterministic). */
+#include <stdio.h>
+#include "spin.h"
+
+#define CALLS 300000
+
+__attribute__((noinline)) void hot(int i) { sink += i; }
+
+int main(void) {
+    spin_ns(20 * 1000 * 1000);
+    for (int i = 0; i < CALLS; i++) hot(i);
+    spin_ns(30 * 1000 * 1000);
+    printf("hot called %d times\n", CALLS);
+    return 0;
+}
