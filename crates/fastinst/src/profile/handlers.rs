@@ -239,9 +239,9 @@ pub(super) fn count_whole(p: &Profiler, f: &Func, fi: u32, id: ProbeId) -> Optio
         // a hook a call, and time none. (Going off lost the calls of a
         // burst that ended before the next epoch's windows: QuickJS's sort
         // comparator read 130 of a million.)
-        if f.window.start_whole_counting() {
+        if f.window.start_stub_count() {
             f.arm_counters(None, 0);
-            f.window.overflow_at.store(tsc::now(), Ordering::Release);
+            f.window.stub_count_armed();
             p.due.push(fi);
         }
         return None;

@@ -5,6 +5,7 @@ use super::frames::close_open_frames;
 use super::local::with_local;
 use super::profiler::{get, Profiler};
 use super::report;
+use super::state::Folded;
 use super::window::Kind;
 use super::{cpusample, schedule};
 use crate::registry;
@@ -35,7 +36,9 @@ pub(crate) fn final_fold(p: &'static Profiler) {
         if f.window.kind() != Kind::Whole {
             continue;
         }
-        let (n, overflow) = p.fold_whole(f, i);
+        // A count being handed to the stubs as the run ends loses what
+        // they counted in those few instants.
+        let Folded { n, overflow, .. } = p.fold_whole(f, i);
         // A count cut short in the last epoch (its probe went off past the
         // overflow, and no epoch's end made it windowed) is not exact: the
         // rest of the epoch is carried at its rate until then, as an epoch's

@@ -117,7 +117,13 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 // Windowed: armed by its windows.
                 continue;
             }
-            let (n, overflow) = p.fold_whole(f, i);
+            let folded = p.fold_whole(f, i);
+            if folded.handing_over {
+                // Whole until its stubs' count can be read, at the next fold.
+                p.due.push(i);
+                continue;
+            }
+            let (n, overflow) = (folded.n, folded.overflow);
             if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.live.epoch_scale())
                 && p_epoch > 0.0
                 && s.windowed.len() < schedule::MAX_WINDOWED

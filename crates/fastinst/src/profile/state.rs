@@ -8,6 +8,7 @@ use super::live::Live;
 use super::settings::Settings;
 use super::store::{Counters, ThreadStore};
 use super::thread;
+use super::window::StubCount;
 use crate::probe::ProbeId;
 use crate::registry;
 use crate::segmented::Segmented;
@@ -219,24 +220,37 @@ impl State {
     }
 }
 
+/// What [`State::fold_whole`] folded.
+pub(crate) struct Folded {
+    /// Calls counted since the last fold.
+    pub n: u64,
+    /// The TSC at which its count overflowed and its probe went off (0:
+    /// it did not, or its stubs took over the count).
+    pub overflow: u64,
+    /// A handler is handing its count over to its stubs right now: it
+    /// must stay whole, and its stubs' count waits for the next fold.
+    pub handing_over: bool,
+}
+
 impl State {
     /// Adds the calls of whole function `f` (index `fi`) counted since its
     /// last fold to its estimate (its stubs' too, where they took over its
-    /// count); returns them, and the TSC at which its count overflowed and
-    /// its probe went off (0: it did not, or its stubs counted on). The
-    /// schedule's lock is held.
-    pub(crate) fn fold_whole(&self, f: &Func, fi: u32) -> (u64, u64) {
+    /// count). The schedule's lock is held.
+    pub(crate) fn fold_whole(&self, f: &Func, fi: u32) -> Folded {
         let mut n = self.take_counted(fi);
-        let mut overflow = f.window.overflow_at.swap(0, Ordering::AcqRel);
-        if overflow != 0 && f.window.end_whole_counting() {
+        let stubs = f.window.take_stub_count();
+        if stubs == StubCount::Counting {
             // Its stubs counted the rest: nothing was missed.
             f.disarm_counters();
             n += f.counted_since_open();
-            overflow = 0;
         }
         // SAFETY: the caller holds the schedule's lock.
         unsafe { f.window.estimate_mut() }.counted += n as f64;
-        (n, overflow)
+        Folded {
+            n,
+            overflow: f.window.overflow_at.swap(0, Ordering::AcqRel),
+            handing_over: stubs == StubCount::Arming,
+        }
     }
 
     /// Where in the running epoch (begun at TSC `t0`, now `now`) exposure

@@ -81,6 +81,18 @@ pub const WHOLE_OVERFLOW: u64 = 64;
 /// (`crates/benches/results/accuracy.md`).
 pub const HOOK_COST_SPREAD: f64 = 0.05;
 
+/// Whether a whole function's stubs count it ([`Window::take_stub_count`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum StubCount {
+    /// Its handlers count it.
+    No = 0,
+    /// A handler is handing its count to its stubs.
+    Arming = 1,
+    /// Its stubs count it.
+    Counting = 2,
+}
+
 /// A function's window state (read by its handlers) and its estimate
 /// (the schedule's lock holder only).
 pub(crate) struct Window {
@@ -97,9 +109,9 @@ pub(crate) struct Window {
     /// its window opened, or when a whole function's stubs took over its
     /// count.
     pub counted_from: AtomicU64,
-    /// A whole function's stubs count its calls to the epoch's end (its
-    /// count overflowed: [`WHOLE_OVERFLOW`]).
-    whole_counting: AtomicBool,
+    /// Whether a whole function's stubs count its calls to the epoch's end
+    /// (its count overflowed: [`WHOLE_OVERFLOW`]): [`StubCount`].
+    stub_count: AtomicU8,
     est: UnsafeCell<Estimate>,
 }
 
@@ -173,7 +185,7 @@ impl Window {
             counted_epoch: AtomicU32::new(u32::MAX),
             overflow_at: AtomicU64::new(0),
             counted_from: AtomicU64::new(0),
-            whole_counting: AtomicBool::new(false),
+            stub_count: AtomicU8::new(StubCount::No as u8),
             est: UnsafeCell::new(Estimate::default()),
         }
     }
@@ -199,18 +211,38 @@ impl Window {
     }
 
     /// Elects the one thread that hands a whole function's count to its
-    /// stubs: true for the first caller since the last
-    /// [`Window::end_whole_counting`].
-    pub(crate) fn start_whole_counting(&self) -> bool {
-        self.whole_counting
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+    /// stubs: true for the first caller since the sampler last took the
+    /// count ([`Window::take_stub_count`]). That thread then arms them and
+    /// calls [`Window::stub_count_armed`].
+    pub(crate) fn start_stub_count(&self) -> bool {
+        self.stub_count
+            .compare_exchange(
+                StubCount::No as u8,
+                StubCount::Arming as u8,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
             .is_ok()
     }
 
-    /// Whether a whole function's stubs count for it; clears it (the
-    /// sampler, folding the count).
-    pub(crate) fn end_whole_counting(&self) -> bool {
-        self.whole_counting.swap(false, Ordering::AcqRel)
+    /// The elected thread has armed the stubs and noted where they count
+    /// from.
+    pub(crate) fn stub_count_armed(&self) {
+        self.stub_count.store(StubCount::Counting as u8, Ordering::Release);
+    }
+
+    /// Whether the stubs count for a whole function: a count being handed
+    /// over is left for the next fold; one handed over is taken (back to
+    /// [`StubCount::No`]) for the sampler to read and disarm.
+    pub(crate) fn take_stub_count(&self) -> StubCount {
+        match self.stub_count.load(Ordering::Acquire) {
+            x if x == StubCount::Arming as u8 => StubCount::Arming,
+            x if x == StubCount::Counting as u8 => {
+                self.stub_count.store(StubCount::No as u8, Ordering::Release);
+                StubCount::Counting
+            }
+            _ => StubCount::No,
+        }
     }
 
     /// Opens or closes its window.
@@ -225,7 +257,7 @@ impl Window {
         self.counted_epoch.store(u32::MAX, Ordering::Relaxed);
         self.overflow_at.store(0, Ordering::Relaxed);
         self.counted_from.store(0, Ordering::Relaxed);
-        self.whole_counting.store(false, Ordering::Relaxed);
+        self.stub_count.store(StubCount::No as u8, Ordering::Relaxed);
         // SAFETY: only the forked child's one thread runs.
         unsafe { *self.est.get() = Estimate::default() };
     }
