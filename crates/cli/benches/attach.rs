@@ -18,7 +18,6 @@
 //! `cargo bench -p fastinst-cli --bench attach`; results in
 //! `crates/benches/results/attach.md`.
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -34,54 +33,6 @@ const ATTACHES: usize = 3;
 /// removes about 60 definitions a second here (all 20,000 took minutes),
 /// so they are fewer, and their costs are given per probe too.
 const UPROBES: usize = 2_000;
-
-fn program() -> String {
-    let mut c = String::from(
-        "#include <pthread.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <time.h>\n\
-         typedef unsigned (*fn_t)(unsigned);\n",
-    );
-    for i in 0..SITES {
-        writeln!(
-            c,
-            "__attribute__((noinline)) unsigned f{i}(unsigned x) {{ return x * 2654435761u + {i}u; }}"
-        )
-        .unwrap();
-    }
-    c.push_str("static fn_t table[] = {");
-    for i in 0..SITES {
-        write!(c, "f{i},").unwrap();
-    }
-    c.push_str(
-        "};\nstatic volatile int stop;\nstatic volatile unsigned sink;\n\
-         static void *worker(void *a) {\n\
-           unsigned acc = (unsigned)(long)a;\n\
-           unsigned long passes = 0;\n\
-           while (!stop) { for (unsigned i = 0; i < sizeof table / sizeof *table; i++) acc = table[i](acc); passes++; }\n\
-           sink = acc;\n\
-           return (void *)passes;\n\
-         }\n\
-         static void nap(double s) {\n\
-           struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};\n\
-           nanosleep(&ts, NULL);\n\
-         }\n\
-         /* argv: seconds of work, then seconds idle before and after it. */\n\
-         int main(int argc, char **argv) {\n\
-           double s = argc > 1 ? atof(argv[1]) : 2.0;\n\
-           nap(argc > 2 ? atof(argv[2]) : 0.0);\n\
-           pthread_t t[4];\n\
-           for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
-           nap(s);\n\
-           stop = 1;\n\
-           unsigned long passes = 0;\n\
-           for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); passes += (unsigned long)r; }\n\
-           nap(argc > 3 ? atof(argv[3]) : 0.0);\n\
-           fprintf(stderr, \"passes %lu\\n\", passes);\n\
-           printf(\"done\\n\");\n\
-           return 0;\n\
-         }\n",
-    );
-    c
-}
 
 /// The number after `key` in `text` (`key` ends where the number starts).
 fn after(text: &str, key: &str) -> Option<f64> {
@@ -247,7 +198,7 @@ fn main() {
     let out = std::env::temp_dir().join(format!("fastinst-attach-bench-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     let src = out.join("sites.c");
-    std::fs::write(&src, program()).unwrap();
+    std::fs::write(&src, testkit::programs::many_functions(SITES)).unwrap();
     let bin = out.join("sites");
     let st = Command::new("gcc")
         .args(["-O2", "-pthread", "-fpatchable-function-entry=5"])

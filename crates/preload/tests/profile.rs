@@ -812,3 +812,40 @@ fn a_burst_inside_one_epoch_is_counted_exactly_by_the_sleds_stubs() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A program of many short functions (`testkit::programs::many_functions`: 20,000 of a few
+/// nanoseconds each, called in turn by 4 threads). Each is called far more
+/// often than the profiler counts whole, but with every call hooked the
+/// program slows so much that each epoch holds only a call or two of each:
+/// judged by that count, every function stayed whole, every call hooked and
+/// timed, and the program ran at a fiftieth of its speed. Judged in the
+/// program's own time, they go windowed.
+#[test]
+fn the_profilers_own_slowing_does_not_keep_short_functions_whole() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("many");
+    let c = dir.join("many.c");
+    std::fs::write(&c, testkit::programs::many_functions(20_000)).unwrap();
+    let inst = dir.join("inst");
+    build("gcc", &[&c], &["-O2", SLED, "-pthread"], &inst);
+    let prof = dir.join("profile");
+    let o = profiled(&inst, &["0.6"], &dir, &prof, &[]);
+    assert_eq!(ok_stdout(&o, "profiled"), "done\n");
+    let r = report(&prof);
+    let fs: Vec<_> = r.functions.iter().filter(|f| f.name.starts_with('f')).collect();
+    assert!(fs.len() >= 19_000, "{} functions profiled", fs.len());
+    let whole = fs.iter().filter(|f| f.calls_exact).count();
+    let (timed, calls): (u64, f64) = fs
+        .iter()
+        .fold((0, 0.0), |(t, c), f| (t + f.calls_sampled, c + f.calls_estimated));
+    assert!(
+        whole * 10 < fs.len(),
+        "{whole} of {} functions were counted whole all run",
+        fs.len()
+    );
+    assert!(
+        (timed as f64) < 0.2 * calls,
+        "{timed} timed calls of {calls:.0}: nearly every call hooked"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,7 @@
 //! Test support shared by the workspace's tests (a dev-dependency only): a
 //! child process run under a time limit, a seeded random generator
-//! ([`Rng`]), a crate's module graph ([`modgraph`]) and a counting
-//! allocator ([`alloc`]).
+//! ([`Rng`]), a crate's module graph ([`modgraph`]), a counting
+//! allocator ([`alloc`]) and generated C programs ([`programs`]).
 //!
 //! Every test that starts a program (a C test program, the `fastinst`
 //! command, the calibration or stress binaries) runs it through
@@ -12,6 +12,7 @@
 
 pub mod alloc;
 pub mod modgraph;
+pub mod programs;
 mod rng;
 pub use rng::Rng;
 

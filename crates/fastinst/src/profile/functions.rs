@@ -233,6 +233,14 @@ impl Func {
         entries > 0 && entries == counting
     }
 
+    /// Notes what its entry stubs' counters read now: where
+    /// [`Func::counted_since_open`] counts from.
+    pub(crate) fn mark_counters(&self) {
+        let mut from = 0;
+        self.for_each_counter(|c| from += c.calls());
+        self.window.counted_from.store(from, Ordering::Relaxed);
+    }
+
     /// Disarms its entry stubs' counters: every call runs the full hook.
     pub(crate) fn disarm_counters(&self) {
         self.for_each_counter(|c| c.disarm());

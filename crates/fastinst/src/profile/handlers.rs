@@ -141,7 +141,18 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
             }),
             None => count_call(fi).1.and_then(by_draw),
         },
-        Kind::Windowed => None,
+        Kind::Windowed => {
+            // Armed for a window not yet open: the drawn call is passed
+            // over (the draws are memoryless), or every later call would
+            // come here until the window opened.
+            if let Some(c) = crate::sled::counter_of(id) {
+                let j = f.chance.load(Ordering::Relaxed);
+                if let Some(r) = next_draw() {
+                    c.claim(j, choose::gap(j, r));
+                }
+            }
+            None
+        }
     };
     // The shift the call was drawn at: it stands for `2^j` calls.
     let Some(j) = timed else {

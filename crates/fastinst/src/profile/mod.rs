@@ -368,7 +368,8 @@ pub(crate) fn fork_child() {
         let mut s = p.schedule.hold();
         s.windowed.clear();
         schedule::idle(&mut s, crate::clock::period().0);
-        s.epoch_x = s.exposure.advance(p).x();
+        let start = s.exposure.advance(p);
+        (s.epoch_x, s.epoch_cpu) = (start.x(), start.cpu);
     }
     *p.start.lock() = (now, Instant::now());
     // Functions between windows, or past a whole count's overflow, in the

@@ -79,6 +79,13 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     let epoch_x = s.epoch_x;
     let t0 = p.epoch_start.load(Ordering::Relaxed);
     let p_epoch = (x_now - epoch_x).max(0.0);
+    // The calls an epoch holds are judged in an epoch of the program's own
+    // time: an epoch the hooks mostly filled held few calls because the
+    // hooks slowed them, and judged by its wall count every function of a
+    // program of many short ones stayed whole, every call hooked and
+    // timed, which slowed it further (20,000 functions of a few ns each ran
+    // at a fiftieth of their speed).
+    let stretch = window::stretch(x.cpu - s.epoch_cpu, p_epoch);
     s.fold(p, x_now);
     let mut k = 0;
     while k < s.windowed.len() {
@@ -89,7 +96,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
         };
         // SAFETY: the schedule's lock is held.
         let e = unsafe { f.window.estimate_mut() };
-        if e.slow_rate() * p_epoch < window::WHOLE_BELOW {
+        if e.slow_rate() * p_epoch * stretch < window::WHOLE_BELOW {
             e.go_whole(x_now);
             p.open_counts(fi);
             f.window.set_kind(Kind::Whole);
@@ -101,7 +108,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     }
     let next = crate::clock::advance_period(now);
     p.epoch_start.store(now, Ordering::Relaxed);
-    s.epoch_x = x_now;
+    (s.epoch_x, s.epoch_cpu) = (x_now, x.cpu);
     let mut toggles = 0;
     let mut taken = p.due.take(p.funcs.len());
     loop {
@@ -124,7 +131,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 continue;
             }
             let (n, overflow) = (folded.n, folded.overflow);
-            if (overflow != 0 || n as f64 > window::WINDOWED_ABOVE * p.live.epoch_scale())
+            if (overflow != 0 || n as f64 * stretch > window::WINDOWED_ABOVE * p.live.epoch_scale())
                 && p_epoch > 0.0
                 && s.windowed.len() < schedule::MAX_WINDOWED
             {

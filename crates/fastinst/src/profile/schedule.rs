@@ -115,6 +115,11 @@ pub(crate) struct Inner {
     pub exposure: Exposure,
     /// The exposure when the running epoch began.
     pub epoch_x: f64,
+    /// The threads' CPU time when the running epoch began.
+    pub epoch_cpu: f64,
+    /// Where in the windowed functions the next epoch's plan begins (see
+    /// `plan`).
+    cursor: usize,
     /// The windows to open, by time: (wall TSC, function, hooks per tick
     /// of exposure, length in ticks, the chance of timing a call in it as a
     /// shift, the calls it should time).
@@ -143,6 +148,8 @@ impl Schedule {
                 raw: false,
                 exposure: Exposure::default(),
                 epoch_x: 0.0,
+                epoch_cpu: 0.0,
+                cursor: 0,
                 queue: Vec::with_capacity(MAX_PER_EPOCH),
                 next: 0,
                 open: Vec::with_capacity(MAX_OPEN),
@@ -281,6 +288,12 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
         for w in &s.open[first..] {
             if let Some(f) = p.funcs.get(w.fi) {
                 f.window.set_open(true);
+                // Its stubs have counted since they were armed, which for
+                // the first of many windows armed together is long before
+                // this reading (SQLite's and a 20,000-function program's
+                // windows read their calls at up to twice): the window
+                // counts from here.
+                f.mark_counters();
             }
         }
         let x = s.exposure.advance(p);
@@ -438,11 +451,17 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
     // none (Lua's `lua_geti` read 65 of 2.7 million).
     let planned: f64 = s.order.iter().map(|o| p.live.windows() as f64 * o.2).sum();
     let fit = (MAX_PER_EPOCH as f64 / planned.max(1.0)).min(1.0);
-    // Where even one window each overflows it, a different function is
-    // first each epoch.
-    let first = epoch as usize % s.order.len().max(1);
-    for j in (0..s.order.len()).map(|i| (i + first) % s.order.len()) {
-        let (fi, r, more, per_window) = s.order[j];
+    // Where even one window each overflows it, the next epoch begins
+    // with the first function this one left without.
+    let n = s.order.len();
+    let first = s.cursor % n.max(1);
+    let mut served = n;
+    for i in 0..n {
+        if s.queue.len() >= MAX_PER_EPOCH {
+            served = i;
+            break;
+        }
+        let (fi, r, more, per_window) = s.order[(i + first) % n];
         let hooks = p.funcs.get(fi).map_or(1.0, hooks_per_call);
         let k = (p.live.windows() as f64 * more * fit).round().max(1.0) as usize;
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
@@ -470,6 +489,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             p.counters.windows_planned.fetch_add(1, Ordering::Relaxed);
         }
     }
+    s.cursor = first + served;
     s.queue.sort_unstable_by_key(|q| q.0);
 }
 

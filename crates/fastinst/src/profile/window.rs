@@ -54,6 +54,22 @@ pub const WINDOWED_ABOVE: f64 = 16.0;
 /// See [`WINDOWED_ABOVE`].
 pub const WHOLE_BELOW: f64 = 4.0;
 
+/// How many times an epoch's calls would have been, had its threads'
+/// CPU time `cpu` all been the program's own rather than only `own` of it
+/// (the rest was hooks): what the counts compared with [`WINDOWED_ABOVE`]
+/// and [`WHOLE_BELOW`] are scaled by, so that the profiler's own slowing
+/// of a program does not keep its functions whole. At least 1, at most
+/// [`MAX_STRETCH`].
+pub fn stretch(cpu: f64, own: f64) -> f64 {
+    if cpu <= 0.0 {
+        return 1.0;
+    }
+    (cpu / own.max(1.0)).clamp(1.0, MAX_STRETCH)
+}
+
+/// The most [`stretch`] gives.
+pub const MAX_STRETCH: f64 = 1000.0;
+
 /// Calls a thread may count of a whole function in one epoch of the default
 /// length (scaled with longer ones, as [`WINDOWED_ABOVE`]): past it the
 /// function's entry probe goes off at once and the function goes windowed
@@ -474,6 +490,17 @@ impl Estimate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_epoch_the_hooks_filled_is_judged_in_the_programs_own_time() {
+        assert_eq!(stretch(1_000.0, 1_000.0), 1.0, "no hooks: as counted");
+        assert_eq!(stretch(1_000.0, 20.0), 50.0, "hooks took 98%");
+        assert_eq!(stretch(1_000.0, 0.0), MAX_STRETCH, "hooks took it all");
+        assert_eq!(stretch(0.0, 0.0), 1.0, "no time: as counted");
+        // Two calls in an epoch whose hooks took 98% of it stand for 100:
+        // windowed, where counted by the wall they stayed whole.
+        assert!(2.0 * stretch(1_000.0, 20.0) > WINDOWED_ABOVE && 2.0 < WHOLE_BELOW);
+    }
     use testkit::Rng;
 
     /// A program whose calls of one function arrive as a Poisson process of
