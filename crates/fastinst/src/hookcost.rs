@@ -62,37 +62,32 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
 /// the stub, a function stub's disarmed counting path as every real one
 /// has it, the trampolines' saves and restores, the return through
 /// the exit trampoline, the TSC reads' halves), averaged over its entry
-/// and its exit, as [`fi_unseen`] measures them. `None` when the sled
+/// and its exit, as [`fi_unseen`] measures them; and what a whole sled
+/// hook costs, stamped part included (its handler finds no probe, so a
+/// real handler costs more), from the same rounds. `None` when the sled
 /// trampoline cannot be placed.
-pub fn sled_unseen(rounds: usize, n: u64) -> Option<f64> {
+fn sled_costs(rounds: usize, n: u64) -> Option<Costs> {
     let id = crate::sled::shadow::CALIBRATION_ID;
     let (on, off, _) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
-    least_unseen(rounds, |hooked| call_loop(if hooked { on } else { off }, n))
-}
-
-/// Ticks a whole sled hook costs, stamped part included, as the quietest
-/// of `rounds` rounds of `n` calls measure it (its handler finds no
-/// probe, so a real handler costs more).
-fn sled_hook_cost(rounds: usize, n: u64) -> Option<f64> {
-    let id = crate::sled::shadow::CALIBRATION_ID;
-    let (on, off, _) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
-    least_unseen(rounds, |hooked| {
-        let (wall, _, hooks) = call_loop(if hooked { on } else { off }, n);
-        (wall, 0, hooks)
-    })
+    least_costs(rounds, |hooked| call_loop(if hooked { on } else { off }, n))
 }
 
 /// What a call through a sled's counting path costs, in hooks of the
-/// full path ([`COUNTED_CALL_HOOKS`]'s figure); 1 before it is measured.
+/// full path: [`fast_cost`] over the calibration's whole sled hook; 1
+/// before both are measured. The profiler's density shares hook time, and
+/// a window of a function whose stub counts costs this much of a hook per
+/// call. Against the calibration's hook, whose handler does nothing, so
+/// it errs high.
 pub(crate) fn counted_call_hooks() -> f64 {
-    f64::from(COUNTED_CALL_HOOKS.load(std::sync::atomic::Ordering::Relaxed)) / 1000.0
+    match SLED_HOOK_TICKS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => 1.0,
+        h => (f64::from(fast_cost()) / f64::from(h)).min(1.0),
+    }
 }
 
-/// A counted call's cost over a full sled hook's, in thousandths: the
-/// profiler's density shares hook time, and a window of a function whose
-/// stub counts costs this much of a hook per call. Against the
-/// calibration's hook, whose handler does nothing, so it errs high.
-static COUNTED_CALL_HOOKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1000);
+/// What the calibration's whole sled hook costs (ticks; 0 before it is
+/// measured).
+static SLED_HOOK_TICKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Ticks a call through a sled's counting path costs (the call, the
 /// path, the return; `crate::sled::counter`) beyond the same call to a
@@ -137,21 +132,42 @@ pub fn fi_unseen(rounds: usize, n: u64) -> Option<f64> {
 ///
 /// `None` when a loop with hooks ran none (its calls did not reach the
 /// runtime's hook): there is nothing to measure.
-fn least_unseen(rounds: usize, mut run: impl FnMut(bool) -> (u64, u64, u64)) -> Option<f64> {
+fn least_unseen(rounds: usize, run: impl FnMut(bool) -> (u64, u64, u64)) -> Option<f64> {
+    least_costs(rounds, run).map(|c| c.unseen)
+}
+
+/// A hook path's costs per hook, from its quietest rounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Costs {
+    /// Beyond its stamps ([`least_unseen`]).
+    unseen: f64,
+    /// In all: the least wall time of the loop with hooks less the least
+    /// without, per hook.
+    whole: f64,
+}
+
+/// [`least_unseen`], and the whole cost from the same rounds.
+fn least_costs(rounds: usize, mut run: impl FnMut(bool) -> (u64, u64, u64)) -> Option<Costs> {
     let mut base = u64::MAX;
     let mut hooked = (u64::MAX, 1);
+    let mut wall_least = u64::MAX;
     for _ in 0..rounds.max(1) {
         base = base.min(run(false).0);
         let (wall, ticks, hooks) = run(true);
         if hooks == 0 {
             return None;
         }
+        wall_least = wall_least.min(wall);
         let unstamped = wall.saturating_sub(ticks);
         if unstamped < hooked.0 {
             hooked = (unstamped, hooks);
         }
     }
-    Some((hooked.0.saturating_sub(base)) as f64 / hooked.1 as f64)
+    let per_hook = |t: u64| t.saturating_sub(base) as f64 / hooked.1 as f64;
+    Some(Costs {
+        unseen: per_hook(hooked.0),
+        whole: per_hook(wall_least),
+    })
 }
 
 /// Rounds of each calibration: enough that one of each kind runs
@@ -170,7 +186,11 @@ pub fn start_clock() {
         // One path's figure stands for the other's where that one could
         // not be measured (a sled stub needs a page near enough; both
         // hooks cost about the same beyond their stamps).
-        match (fi, sled_unseen(ROUNDS, 500)) {
+        let sled = sled_costs(ROUNDS, 500);
+        if let Some(c) = sled {
+            SLED_HOOK_TICKS.store(ticks(c.whole), std::sync::atomic::Ordering::Relaxed);
+        }
+        match (fi, sled.map(|c| c.unseen)) {
             (Some(f), Some(s)) => set_unseen(ticks(f), ticks(s)),
             (Some(f), None) => {
                 set_unseen(ticks(f), ticks(f));
@@ -189,13 +209,7 @@ pub fn start_clock() {
             )),
         }
         match counting_cost(ROUNDS, 500) {
-            Some(c) => {
-                set_fast_cost(ticks(c));
-                if let Some(h) = sled_hook_cost(ROUNDS, 500).filter(|&h| h > 0.0) {
-                    let share = (c / h).clamp(0.0, 1.0);
-                    COUNTED_CALL_HOOKS.store((share * 1000.0).round() as u32, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
+            Some(c) => set_fast_cost(ticks(c)),
             None => crate::log::warn(format_args!(
                 "clock: the sleds' counting path could not be calibrated; its calls are charged nothing"
             )),
@@ -235,6 +249,19 @@ mod tests {
             round(k, hooked)
         });
         assert_eq!(unseen, Some(40.0));
+        let mut k = 0u64;
+        let costs = least_costs(15, |hooked| {
+            k += 1;
+            round(k, hooked)
+        });
+        assert_eq!(
+            costs,
+            Some(Costs {
+                unseen: 40.0,
+                whole: 140.0
+            }),
+            "the quietest round whole"
+        );
         let mut per_round: Vec<f64> = (0..15u64)
             .map(|r| {
                 let (base, _, _) = round(2 * r + 1, false);
@@ -267,7 +294,13 @@ mod tests {
             set_clocked(true);
             let e = fi_unseen(3, 200).expect("the entry hook is reached");
             let before = current().expect("the hooks registered this thread").hooks();
-            let s = sled_unseen(3, 200).expect("a page for the sled stub");
+            let sled = sled_costs(3, 200).expect("a page for the sled stub");
+            let s = sled.unseen;
+            assert!(
+                sled.whole >= s,
+                "a whole hook {} costs at least its unseen part {s}",
+                sled.whole
+            );
             let after = current().expect("record").hooks();
             // Three rounds of 200 calls, each an entry and a watched exit.
             assert_eq!(after - before, 3 * 200 * 2, "every sled call is two hooks");

@@ -798,12 +798,13 @@ fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
 fn a_burst_inside_one_epoch_is_counted_exactly_by_the_sleds_stubs() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("burst");
-    let inst = dir.join("inst");
-    build("gcc", &[&src("burst.c")], &["-O2", SLED], &inst);
-    let prof = dir.join("profile");
-    let o = profiled(&inst, &[], &dir, &prof, &[("FASTINST_PROFILE_EPOCH_MS", "400")]);
-    assert_eq!(ok_stdout(&o, "profiled"), "hot called 300000 times\n");
-    let r = report(&prof);
+    let r = sled_profile(
+        &dir,
+        &src("burst.c"),
+        &[],
+        &[("FASTINST_PROFILE_EPOCH_MS", "400")],
+        "hot called 300000 times\n",
+    );
     let hot = r.functions.iter().find(|f| f.name == "hot").expect("hot is profiled");
     assert_eq!(
         hot.calls_estimated, 300_000.0,
@@ -826,12 +827,7 @@ fn the_profilers_own_slowing_does_not_keep_short_functions_whole() {
     let dir = scratch("many");
     let c = dir.join("many.c");
     std::fs::write(&c, testkit::programs::many_functions(20_000)).unwrap();
-    let inst = dir.join("inst");
-    build("gcc", &[&c], &["-O2", SLED, "-pthread"], &inst);
-    let prof = dir.join("profile");
-    let o = profiled(&inst, &["0.6"], &dir, &prof, &[]);
-    assert_eq!(ok_stdout(&o, "profiled"), "done\n");
-    let r = report(&prof);
+    let r = sled_profile(&dir, &c, &["0.6"], &[], "done\n");
     let fs: Vec<_> = r.functions.iter().filter(|f| f.name.starts_with('f')).collect();
     assert!(fs.len() >= 19_000, "{} functions profiled", fs.len());
     let whole = fs.iter().filter(|f| f.calls_exact).count();
@@ -848,4 +844,16 @@ fn the_profilers_own_slowing_does_not_keep_short_functions_whole() {
         "{timed} timed calls of {calls:.0}: nearly every call hooked"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Builds C program `source` in `dir` with gcc -O2 and sleds, runs it
+/// profiled with `args` and `env`, checks that it printed `stdout`, and
+/// reads its report.
+fn sled_profile(dir: &Path, source: &Path, args: &[&str], env: &[(&str, &str)], stdout: &str) -> Report {
+    let inst = dir.join("inst");
+    build("gcc", &[source], &["-O2", SLED, "-pthread"], &inst);
+    let prof = dir.join("profile");
+    let o = profiled(&inst, args, dir, &prof, env);
+    assert_eq!(ok_stdout(&o, "profiled"), stdout);
+    report(&prof)
 }

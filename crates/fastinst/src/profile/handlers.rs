@@ -12,6 +12,7 @@ use super::thread::{Frame, Shadow, MAX_DEPTH, NO_NODE};
 use super::window::Kind;
 use crate::probe::ProbeId;
 use crate::registry;
+use crate::sled::counter::Counter;
 use std::sync::atomic::Ordering;
 use wordpatch::tsc;
 
@@ -124,35 +125,29 @@ pub(super) fn reopened(f: &Func) -> bool {
 
 pub(super) extern "C" fn on_entry(id: ProbeId) {
     let Some(p) = get() else { return };
-    let Some((f, fi)) = func_of(p, id) else { return };
+    let Some((f, fi, probe)) = func_of(p, id) else { return };
     let by_draw = |r: u64| {
         let j = f.chance.load(Ordering::Relaxed);
         choose::chosen(j, r).then_some(j)
+    };
+    // The stub counted the call, and sends on the one drawn for timing:
+    // it claims the draw, and draws the next.
+    let claim = |c: &Counter| {
+        let j = f.chance.load(Ordering::Relaxed);
+        next_draw().and_then(|r| c.claim(j, choose::gap(j, r)))
     };
     let timed = match f.window.kind() {
         Kind::Whole => count_whole(p, f, fi, id).and_then(by_draw),
         // Between its windows the sampler keeps its probe off; one that
         // fires as a window closes is not counted.
-        Kind::Windowed if f.window.is_open() => match crate::sled::counter_of(id) {
-            // The stub counted it, and sends on the call drawn for timing.
-            Some(c) => next_draw().and_then(|r| {
-                let j = f.chance.load(Ordering::Relaxed);
-                c.claim(j, choose::gap(j, r))
-            }),
+        Kind::Windowed if f.window.is_open() => match crate::sled::counter_in(probe) {
+            Some(c) => claim(c),
             None => count_call(fi).1.and_then(by_draw),
         },
-        Kind::Windowed => {
-            // Armed for a window not yet open: the drawn call is passed
-            // over (the draws are memoryless), or every later call would
-            // come here until the window opened.
-            if let Some(c) = crate::sled::counter_of(id) {
-                let j = f.chance.load(Ordering::Relaxed);
-                if let Some(r) = next_draw() {
-                    c.claim(j, choose::gap(j, r));
-                }
-            }
-            None
-        }
+        // Armed for a window not yet open: the drawn call is passed over
+        // (the draws are memoryless), or every later call would come here
+        // until the window opened.
+        Kind::Windowed => crate::sled::counter_in(probe).and_then(claim).and(None),
     };
     // The shift the call was drawn at: it stands for `2^j` calls.
     let Some(j) = timed else {
@@ -209,12 +204,16 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
 /// thread that is exiting).
 #[inline(always)]
 fn next_draw() -> Option<u64> {
-    with_local(|store, _| {
-        if store.clock.load(Ordering::Relaxed) == 0 {
-            store.link_clock();
-        }
-        store.draw()
-    })
+    with_local(|store, _| linked_draw(store))
+}
+
+/// `store`'s next draw, its clock linked first if it is not yet.
+#[inline(always)]
+fn linked_draw(store: &ThreadStore) -> u64 {
+    if store.clock.load(Ordering::Relaxed) == 0 {
+        store.link_clock();
+    }
+    store.draw()
 }
 
 /// Counts a call of function `fi` on this thread; returns its calls on
@@ -223,13 +222,7 @@ fn next_draw() -> Option<u64> {
 /// exiting).
 #[inline(always)]
 pub(super) fn count_call(fi: u32) -> (u64, Option<u64>) {
-    with_local(|store, _| {
-        if store.clock.load(Ordering::Relaxed) == 0 {
-            store.link_clock();
-        }
-        (store.calls.bump(fi), Some(store.draw()))
-    })
-    .unwrap_or((0, None))
+    with_local(|store, _| (store.calls.bump(fi), Some(linked_draw(store)))).unwrap_or((0, None))
 }
 
 /// Counts a call of a function counted whole (through entry probe `id`);
@@ -290,7 +283,7 @@ pub(super) fn add_toggles(p: &Profiler, n: u64) {
 
 pub(super) extern "C" fn on_exit(id: ProbeId) {
     let Some(p) = get() else { return };
-    let Some((f, fi)) = func_of(p, id) else { return };
+    let Some((f, fi, _)) = func_of(p, id) else { return };
     // The common case once the window has closed: nothing timed is in
     // flight, so this probe has no more work until the next window; it goes
     // off before the frame search.

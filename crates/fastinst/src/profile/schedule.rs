@@ -130,8 +130,8 @@ pub(crate) struct Inner {
     /// Windowed functions.
     pub windowed: Vec<u32>,
     /// Scratch for `plan`: (function, sizing rate, share of windows,
-    /// calls per recent window).
-    order: Vec<(u32, f64, f64, f64)>,
+    /// calls per recent window, hooks per counted call).
+    order: Vec<(u32, f64, f64, f64, f64)>,
 }
 
 impl Schedule {
@@ -432,8 +432,9 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             // average the burstier it is: it gets more of them (its count
             // varies more from window to window), at about the same
             // counting cost.
-            let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX) * counting_boost(hooks_per_call(f));
-            s.order.push((fi, e.sizing_rate(), more, e.mean_calls()));
+            let hooks = hooks_per_call(f);
+            let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX) * counting_boost(hooks);
+            s.order.push((fi, e.sizing_rate(), more, e.mean_calls(), hooks));
             // Off until its windows (one counted whole until now has them on).
             f.closed.store(true, Ordering::SeqCst);
             f.window.set_open(false);
@@ -461,8 +462,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             served = i;
             break;
         }
-        let (fi, r, more, per_window) = s.order[(i + first) % n];
-        let hooks = p.funcs.get(fi).map_or(1.0, hooks_per_call);
+        let (fi, r, more, per_window, hooks) = s.order[(i + first) % n];
         let k = (p.live.windows() as f64 * more * fit).round().max(1.0) as usize;
         let wlen = (if r > 0.0 { TARGET / (r * threads) } else { max }).clamp(min, max) as u64;
         let span = len.saturating_sub(wlen).max(1);

@@ -125,9 +125,11 @@ impl State {
     }
 }
 
-pub(super) fn func_of(p: &'static State, id: ProbeId) -> Option<(&'static Func, u32)> {
-    let fi = registry::get(id)?.tool.load(Ordering::Relaxed).checked_sub(1)? as u32;
-    Some((p.funcs.get(fi)?, fi))
+/// The function probe `id` is of, its index, and the probe's record.
+pub(super) fn func_of(p: &'static State, id: ProbeId) -> Option<(&'static Func, u32, &'static registry::Probe)> {
+    let probe = registry::get(id)?;
+    let fi = probe.tool.load(Ordering::Relaxed).checked_sub(1)? as u32;
+    Some((p.funcs.get(fi)?, fi, probe))
 }
 
 /// TSC ticks per nanosecond, measured since the profiler started (the

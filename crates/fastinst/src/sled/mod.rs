@@ -534,8 +534,14 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
 /// The counter of entry probe `id`'s stub, if it is a sled function's
 /// entry with a counting stub (`counter`).
 pub(crate) fn counter_of(id: ProbeId) -> Option<&'static counter::Counter> {
-    match registry::get(id)?.site {
-        Site::Sled(s) if s.entry == id => s.counter,
+    counter_in(registry::get(id)?)
+}
+
+/// [`counter_of`] for a probe record already at hand.
+#[inline(always)]
+pub(crate) fn counter_in(probe: &Probe) -> Option<&'static counter::Counter> {
+    match probe.site {
+        Site::Sled(s) if s.entry == probe.meta.id => s.counter,
         _ => None,
     }
 }
