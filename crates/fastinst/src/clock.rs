@@ -20,6 +20,14 @@
 //! calibrated cost of that path ([`fast_cost`]) in
 //! [`ThreadClock::hook_ticks`].
 //!
+//! A `-finstrument-functions` exit hook has a cheap path too
+//! ([`set_cheap_exits`]): while the profiler runs, an exit from deeper on
+//! its thread's stack than the innermost timed call in flight
+//! ([`ThreadClock::set_timed`]) has nothing to pair with, and returns at
+//! once, adding one to
+//! [`ThreadClock::fast_exits`], charged at that path's calibrated cost
+//! ([`fast_exit_cost`]).
+//!
 //! Periods: a tool may cut time into periods ([`advance_period`]); each
 //! thread notes its hook ticks at its first hook of a period, which are its
 //! hook ticks at the period's start (no hook of the thread ran in between).
@@ -58,6 +66,15 @@ pub struct ThreadClock {
     /// one with a plain `inc` at [`FAST_CALLS_OFFSET`] (the thread itself
     /// only; others read).
     fast_calls: AtomicU64,
+    /// Exits that took the exit hook's cheap path on this thread, which
+    /// adds one at [`FAST_EXITS_OFFSET`] (the thread itself only).
+    fast_exits: AtomicU64,
+    /// Where the innermost timed call in flight on this thread called its
+    /// entry hook (its stack pointer before the call), as its profiler's
+    /// handlers last left it (`u64::MAX`: none; the thread itself only):
+    /// the exit hook, which reads it at [`TIMED_OFFSET`], takes its cheap
+    /// path for a call from 16 bytes or more below it.
+    timed_sp: AtomicU64,
     /// Hooks this thread has run with the clock on (for [`unseen_ticks`]).
     hooks: AtomicU64,
     /// The stamp of the hook in progress, as far as it has been charged
@@ -84,18 +101,49 @@ pub struct ThreadClock {
 /// counting stub's displacement, which must fit in a byte.
 pub(crate) const FAST_CALLS_OFFSET: u8 = std::mem::offset_of!(ThreadClock, fast_calls) as u8;
 const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_calls) < 128);
+/// Where a thread's [`ThreadClock::fast_exits`] lies (a byte displacement
+/// of the exit hook's cheap path).
+pub(crate) const FAST_EXITS_OFFSET: u8 = std::mem::offset_of!(ThreadClock, fast_exits) as u8;
+const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_exits) < 128);
+/// Where a thread's timed calls in flight lie (likewise).
+pub(crate) const TIMED_OFFSET: u8 = std::mem::offset_of!(ThreadClock, timed_sp) as u8;
+const _: () = assert!(std::mem::offset_of!(ThreadClock, timed_sp) < 128);
 
 impl ThreadClock {
     /// Ticks this thread has spent inside hooks so far: as stamped, and
-    /// the counting stub's calls at their calibrated cost.
+    /// the counting stub's calls and the cheap exits at their calibrated
+    /// costs.
     #[inline(always)]
     pub fn hook_ticks(&self) -> u64 {
-        self.stamped() + self.fast_calls() * u64::from(FAST_COST.load(Ordering::Relaxed))
+        self.stamped()
+            + self.fast_calls() * u64::from(FAST_COST.load(Ordering::Relaxed))
+            + self.fast_exits() * u64::from(FAST_EXIT_COST.load(Ordering::Relaxed))
+    }
+
+    /// Exits that took the exit hook's cheap path on this thread.
+    #[inline(always)]
+    pub fn fast_exits(&self) -> u64 {
+        self.fast_exits.load(Ordering::Relaxed)
+    }
+
+    /// Publishes where the innermost timed call in flight on this thread
+    /// called its entry hook (`None`: no timed call in flight; by the
+    /// thread itself, whenever its profiler's handlers change its timed
+    /// calls). A `-finstrument-functions` exit hook called from 16 bytes or
+    /// more below it takes the cheap path: calls are made with the stack
+    /// 16-byte aligned, so a callee's hook calls are at least that far
+    /// below the caller's, while the timed call's own exit hook is called
+    /// where its entry hook was, or above it after a tail jump. (One whose
+    /// exit is called lower, after an `alloca`, loses its exit: it is
+    /// dropped as left without exit, never misread.)
+    #[inline(always)]
+    pub fn set_timed(&self, sp: Option<u64>) {
+        self.timed_sp.store(sp.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Ticks of this thread's hooks as stamped (with what the stamps miss).
     #[inline(always)]
-    fn stamped(&self) -> u64 {
+    pub(crate) fn stamped(&self) -> u64 {
         self.hook_ticks.load(Ordering::Relaxed)
     }
 
@@ -170,6 +218,15 @@ impl ThreadClock {
     pub fn tid(&self) -> i32 {
         self.tid
     }
+
+    /// Whether a hook stamped `now` starts inside another hook of this
+    /// thread (a signal's): one began less than [`MAX_HOOK`] before and
+    /// has not ended. (An older stamp is a hook that never ended, left by
+    /// a signal handler that jumped out of it: the next hook replaces it.)
+    fn in_hook(&self, now: u64) -> bool {
+        let since = self.open_since.load(Ordering::Relaxed);
+        since != 0 && now.wrapping_sub(since) < MAX_HOOK
+    }
 }
 
 /// Up to 2^20 threads over the life of a process.
@@ -231,6 +288,8 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
     let rec = THREADS.push_with(|_| ThreadClock {
         hook_ticks: AtomicU64::new(0),
         fast_calls: AtomicU64::new(0),
+        fast_exits: AtomicU64::new(0),
+        timed_sp: AtomicU64::new(u64::MAX),
         hooks: AtomicU64::new(0),
         open_since: AtomicU64::new(0),
         period: AtomicU32::new(u32::MAX),
@@ -272,13 +331,21 @@ pub(crate) fn begin(start: u64) -> Option<&'static ThreadClock> {
     Some(rec)
 }
 
-/// Longest time one hook is charged (about 20 us): a hook runs for a few
-/// hundred ticks, so a longer one was preempted in the middle, or ran
-/// discovery. With more threads than CPUs, a thread descheduled inside a
-/// hook for a time slice was charged milliseconds of hook time, and every
-/// window that held it read its thread's own time as nearly none (a
-/// four-thread program on two CPUs read 16 times its calls).
-pub const MAX_HOOK: u64 = 50_000;
+/// Longest time one hook is charged (ticks): a hook runs for a few
+/// hundred, so a longer one was interrupted (preempted, or a signal ran on
+/// top of it), or ran discovery, which is charged apart. The thread's CPU
+/// clock, which exposure is measured in, did not run while it was
+/// descheduled, so every tick charged past what the hook ran takes the
+/// program's own time out of whatever window was open. With more threads
+/// than CPUs, an uncapped charge of a time slice made windows read their
+/// threads' own time as nearly none (a four-thread program on two CPUs
+/// read 16 times its calls); at a cap of tens of microseconds, one
+/// preempted hook still took most of the exposure out of a window that
+/// hooks nearly filled (the jumps test's `catcher`, on a loaded machine,
+/// read several times its calls). A hook that truly runs past the cap (a
+/// page fault in a store) gives the rest to the program's time: rare, and
+/// bounded by the hook's length.
+pub const MAX_HOOK: u64 = 5_000;
 
 /// The hook time in a hook's stretch from TSC `since` to `now`: its length,
 /// at most [`MAX_HOOK`] (a longer one was descheduled in the middle, or
@@ -305,6 +372,42 @@ static UNSEEN_SLED: AtomicU32 = AtomicU32::new(0);
 /// measures it once per process; 0 before). Changed only before any
 /// counting stub is armed: a thread's hook ticks must only grow.
 static FAST_COST: AtomicU32 = AtomicU32::new(0);
+
+/// Ticks an exit through the exit hook's cheap path costs (measured once
+/// per process, as [`FAST_COST`]).
+static FAST_EXIT_COST: AtomicU32 = AtomicU32::new(0);
+
+/// Whether `-finstrument-functions` exits from below the innermost timed
+/// call in flight on their thread take the cheap path. Read by the exit hook's stub (`sym`): a
+/// byte it compares with 0.
+pub(crate) static FASTINST_CHEAP_EXITS: AtomicBool = AtomicBool::new(false);
+
+/// Always on: the flag of the calibration's copy of the exit hook, which
+/// must take the cheap path whatever the profiler does.
+pub(crate) static FASTINST_CHEAP_ALWAYS: AtomicBool = AtomicBool::new(true);
+
+/// Lets `-finstrument-functions` exits from below the innermost timed
+/// call in flight on their thread return at once (the profiler, while it
+/// runs: no such exit pairs with a timed call), or makes every exit run
+/// its hook again (every other tool needs each one).
+pub fn set_cheap_exits(on: bool) {
+    FASTINST_CHEAP_EXITS.store(on, Ordering::Release);
+}
+
+/// Whether exits take the cheap path ([`set_cheap_exits`]).
+pub fn cheap_exits() -> bool {
+    FASTINST_CHEAP_EXITS.load(Ordering::Relaxed)
+}
+
+/// What an exit through the cheap path is charged.
+pub fn fast_exit_cost() -> u32 {
+    FAST_EXIT_COST.load(Ordering::Relaxed)
+}
+
+/// Sets [`fast_exit_cost`], as measured at start.
+pub(crate) fn set_fast_exit_cost(ticks: u32) {
+    FAST_EXIT_COST.store(ticks, Ordering::Relaxed);
+}
 
 /// What a call through a sled's counting stub is charged.
 pub fn fast_cost() -> u32 {
@@ -350,6 +453,15 @@ pub(crate) fn begin_hook(started: u64) -> (usize, u64) {
     } else {
         started
     };
+    if current().is_some_and(|rec| rec.in_hook(started)) {
+        // A signal handler's hook on top of this thread's hook in progress,
+        // outside its handler: the outer hook's stretch holds this one
+        // whole. Charged itself, it would also clear the outer's stamp,
+        // and the outer would be charged as if descheduled
+        // ([`MAX_HOOK`]), taking that much of the program's time out of
+        // whatever window was open.
+        return (0, started);
+    }
     match begin(started) {
         Some(rec) => (rec as *const ThreadClock as usize, started),
         None => (0, 0),
@@ -377,7 +489,11 @@ fn end_at(rec: usize, t: u64, unseen: &AtomicU32) {
     let rec = unsafe { &*(rec as *const ThreadClock) };
     // From the stamp, or from where a `flush` left it.
     let start = rec.open_since.load(Ordering::Relaxed);
-    let d = hook_part(start, t) + u64::from(unseen.load(Ordering::Relaxed));
+    // No stamp: a signal's hook before this one's `begin` already charged
+    // and cleared it; what ran before is unknown, and taken as nothing
+    // rather than as a descheduled hook's [`MAX_HOOK`].
+    let ran = if start == 0 { 0 } else { hook_part(start, t) };
+    let d = ran + u64::from(unseen.load(Ordering::Relaxed));
     // The count first: a reader adds the running part to it, and must not
     // see the running part gone before the count has it.
     rec.hook_ticks.store(rec.stamped() + d, Ordering::Release);
@@ -455,6 +571,44 @@ mod tests {
                 "{} < {read}",
                 rec.hook_ticks_at(long + 1)
             );
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A signal's hook on top of a hook in progress (outside its handler,
+    /// where the guard is not yet or no longer set) is part of the outer
+    /// hook's stretch: not charged itself, and the outer is charged what
+    /// it ran. Charged itself, it cleared the outer's stamp, and the outer
+    /// was charged as if descheduled, [`MAX_HOOK`] (it was, at 50,000
+    /// ticks, about half the exposure of a busy window on the jumps test).
+    #[test]
+    fn a_signals_hook_inside_a_hook_leaves_the_outer_charge_alone() {
+        std::thread::spawn(|| {
+            let t = tsc::now();
+            let (outer, started) = begin_hook(t);
+            assert_ne!(outer, 0, "the outer hook is charged");
+            assert_eq!(started, t);
+            let (inner, inner_started) = begin_hook(t + 100);
+            assert_eq!(inner, 0, "the nested hook is not charged itself");
+            assert_eq!(inner_started, t + 100, "its handler still sees its stamp");
+            end_fi(outer, t + 300);
+            let rec = current().expect("record");
+            // Its stretch and the calibrated unseen part (which another
+            // test may be setting).
+            let h = rec.hook_ticks();
+            assert!(
+                (300..300 + MAX_HOOK / 2).contains(&h),
+                "the outer hook's own stretch: {h}"
+            );
+            // A stamp older than the cap is a hook that never ended (its
+            // handler was jumped out of): the next hook replaces it.
+            let t2 = t + 1_000_000;
+            let (stale, _) = begin_hook(t2);
+            assert_ne!(stale, 0, "a stale stamp does not make every later hook nested");
+            let (left, _) = begin_hook(t2 + 10 * MAX_HOOK);
+            assert_ne!(left, 0);
+            end_fi(left, t2 + 10 * MAX_HOOK + 50);
         })
         .join()
         .unwrap();

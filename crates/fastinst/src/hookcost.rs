@@ -7,43 +7,63 @@
 //! trampoline, with its mispredicted return). Left in, this cost made a
 //! traced program's own time several times its real run.
 
-use crate::clock::{current, fast_cost, set_clocked, set_fast_cost, set_unseen, unseen_ticks};
+use crate::clock::{
+    current, fast_cost, fast_exit_cost, set_clocked, set_fast_cost, set_fast_exit_cost, set_unseen, unseen_ticks,
+};
 use wordpatch::tsc;
 
 /// An id no probe has: the hooks find no probe for it and return, so
 /// a call costs exactly a hook's fixed path.
 const NO_PROBE: u32 = providers::tag::MAX_SIGN_ID - 1;
 
-/// Runs `n` calls of the `-finstrument-functions` entry hook with a
-/// tagged id no probe has, from a loop in assembly; returns the loop's
-/// ticks, and this thread's hook ticks and hooks it added.
-fn fi_loop(n: u64, hook: bool) -> (u64, u64, u64) {
-    let before = current().map_or((0, 0), |c| (c.hook_ticks(), c.hooks()));
+/// Which `-finstrument-functions` hook path a calibration loop calls.
+#[derive(Clone, Copy)]
+enum FiPath {
+    /// The entry hook.
+    Entry,
+    /// The calibration's copy of the exit hook
+    /// (`crate::hooks::calibration_cyg_exit`), whose cheap path is
+    /// always open.
+    CheapExit,
+}
+
+/// Runs `n` calls of hook path `path` with a tagged id no probe has,
+/// from a loop in assembly (`hook`; else the same loop without the
+/// calls); returns the loop's ticks, and this thread's hook ticks, hooks
+/// and cheap exits it added.
+fn fi_loop(path: FiPath, n: u64, hook: bool) -> (u64, u64, u64, u64) {
+    let read = || current().map_or((0, 0, 0), |c| (c.hook_ticks(), c.hooks(), c.fast_exits()));
+    let before = read();
     let tag = providers::tag::sign(NO_PROBE);
     let t0 = tsc::now();
-    if hook {
-        for _ in 0..n {
-            // By the stub's hidden name: the exported one resolves
-            // through the global scope, to the C library's no-op when this
-            // library was loaded into a running process (an attach), and
-            // the calibration timed that instead, a "hook" that ran none.
-            // SAFETY: the hook takes (this_fn, call_site), reads its
-            // own return address and returns; it clobbers what a C
-            // function may.
-            unsafe { crate::arch::stubs::call_hook!(crate::hooks::fastinst_own_cyg_enter, tag, 0u64) };
-        }
-    } else {
-        for _ in 0..n {
+    for _ in 0..n {
+        // By the stubs' hidden names: the exported one resolves through
+        // the global scope, to the C library's no-op when this library
+        // was loaded into a running process (an attach), and the
+        // calibration timed that instead, a "hook" that ran none.
+        match (hook, path) {
+            // SAFETY: the hook takes (this_fn, call_site), reads its own
+            // return address and returns; it clobbers what a C function
+            // may.
+            (true, FiPath::Entry) => unsafe {
+                crate::arch::stubs::call_hook!(crate::hooks::fastinst_own_cyg_enter, tag, 0u64)
+            },
+            // SAFETY: as the entry hook's: the exit hook's copy has the
+            // same contract.
+            (true, FiPath::CheapExit) => unsafe {
+                crate::arch::stubs::call_hook!(crate::hooks::calibration_cyg_exit, tag, 0u64)
+            },
             // The same argument set-up without the call.
-            crate::arch::stubs::keep(tag);
+            (false, _) => crate::arch::stubs::keep(tag),
         }
     }
     let t1 = tsc::now();
-    let after = current().map_or((0, 0), |c| (c.hook_ticks(), c.hooks()));
-    (t1 - t0, after.0 - before.0, after.1 - before.1)
+    let after = read();
+    (t1 - t0, after.0 - before.0, after.1 - before.1, after.2 - before.2)
 }
 
-/// Runs `n` calls of `f` from a loop; returns as [`fi_loop`] does.
+/// Runs `n` calls of `f` from a loop; returns the loop's ticks, and this
+/// thread's hook ticks and hooks it added.
 fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
     let before = current().map_or((0, 0), |c| (c.hook_ticks(), c.hooks()));
     let t0 = tsc::now();
@@ -62,7 +82,7 @@ fn call_loop(f: usize, n: u64) -> (u64, u64, u64) {
 /// the stub, a function stub's disarmed counting path as every real one
 /// has it, the trampolines' saves and restores, the return through
 /// the exit trampoline, the TSC reads' halves), averaged over its entry
-/// and its exit, as [`fi_unseen`] measures them; and what a whole sled
+/// and its exit, as [`fi_costs`] measures them; and what a whole sled
 /// hook costs, stamped part included (its handler finds no probe, so a
 /// real handler costs more), from the same rounds. `None` when the sled
 /// trampoline cannot be placed.
@@ -108,13 +128,46 @@ pub fn counting_cost(rounds: usize, n: u64) -> Option<f64> {
     })
 }
 
+/// Ticks an exit through the exit hook's cheap path costs (the call, the
+/// path, the return) beyond the loop without it: the quietest of `rounds`
+/// rounds of `n` calls each. `None` when the calls did not take the path
+/// (this thread has no clock, or a timed call in flight).
+pub fn cheap_exit_cost(rounds: usize, n: u64) -> Option<f64> {
+    least_unseen(rounds, |hooked| {
+        let (wall, _, _, exits) = fi_loop(FiPath::CheapExit, n, hooked);
+        // What the path charges is what is being measured: no stamped
+        // part.
+        (wall, 0, exits)
+    })
+}
+
+/// What a `-finstrument-functions` call counted in a window costs, in
+/// hooks of the full path: its entry's hook, and its exit's cheap path
+/// as a share of one ([`fast_exit_cost`] over the calibration's whole
+/// `-finstrument-functions` hook); 2 before both are measured.
+pub(crate) fn counted_fi_call_hooks() -> f64 {
+    match FI_HOOK_TICKS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => 2.0,
+        h => 1.0 + (f64::from(fast_exit_cost()) / f64::from(h)).min(1.0),
+    }
+}
+
+/// What the calibration's whole `-finstrument-functions` hook costs
+/// (ticks; 0 before it is measured).
+static FI_HOOK_TICKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Ticks a `-finstrument-functions` hook costs beyond its own stamps:
 /// the call and return, the stub's first instructions and the halves
 /// of the two TSC reads that fall outside what they stamp. The quietest
 /// of `rounds` rounds of `n` calls each ([`least_unseen`]); `None` when
 /// its calls reached no hook.
-pub fn fi_unseen(rounds: usize, n: u64) -> Option<f64> {
-    least_unseen(rounds, |hooked| fi_loop(n, hooked))
+///
+/// And what the whole hook costs, from the same rounds.
+fn fi_costs(rounds: usize, n: u64) -> Option<Costs> {
+    least_costs(rounds, |hooked| {
+        let (wall, ticks, hooks, _) = fi_loop(FiPath::Entry, n, hooked);
+        (wall, ticks, hooks)
+    })
 }
 
 /// What a hook costs beyond its stamps, from `rounds` runs of a loop
@@ -181,8 +234,12 @@ pub fn start_clock() {
     set_clocked(true);
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let fi = fi_unseen(ROUNDS, 500);
         let ticks = |x: f64| x.round().max(0.0) as u32;
+        let fi_costs = fi_costs(ROUNDS, 500);
+        if let Some(c) = fi_costs {
+            FI_HOOK_TICKS.store(ticks(c.whole), std::sync::atomic::Ordering::Relaxed);
+        }
+        let fi = fi_costs.map(|c| c.unseen);
         // One path's figure stands for the other's where that one could
         // not be measured (a sled stub needs a page near enough; both
         // hooks cost about the same beyond their stamps).
@@ -214,11 +271,19 @@ pub fn start_clock() {
                 "clock: the sleds' counting path could not be calibrated; its calls are charged nothing"
             )),
         }
+        match cheap_exit_cost(ROUNDS, 500) {
+            Some(c) => set_fast_exit_cost(ticks(c)),
+            None => crate::log::warn(format_args!(
+                "clock: the exit hook's cheap path could not be calibrated; its exits are charged nothing"
+            )),
+        }
         crate::log::info(format_args!(
-            "clock: a hook's stamps miss {:?} ticks (finstrument, sled); a counted sled call costs {} ({:.3} hooks)",
+            "clock: a hook's stamps miss {:?} ticks (finstrument, sled); a counted sled call costs {} ({:.3} hooks); a cheap exit {} (a counted -finstrument-functions call {:.3} hooks)",
             unseen_ticks(),
             fast_cost(),
-            counted_call_hooks()
+            counted_call_hooks(),
+            fast_exit_cost(),
+            counted_fi_call_hooks()
         ));
     });
 }
@@ -292,7 +357,7 @@ mod tests {
     fn calibration_runs_every_hook_path_once_per_call() {
         std::thread::spawn(|| {
             set_clocked(true);
-            let e = fi_unseen(3, 200).expect("the entry hook is reached");
+            let e = fi_costs(3, 200).expect("the entry hook is reached").unseen;
             let before = current().expect("the hooks registered this thread").hooks();
             let sled = sled_costs(3, 200).expect("a page for the sled stub");
             let s = sled.unseen;
@@ -311,11 +376,37 @@ mod tests {
                 3 * 200,
                 "every counted call is charged"
             );
-            assert!(
-                e.is_finite() && e >= 0.0 && s.is_finite() && s >= 0.0 && c.is_finite() && c >= 0.0,
-                "{e} {s} {c}"
+            let x = current().expect("record").fast_exits();
+            let (h0, s0) = (current().expect("record").hooks(), current().expect("record").stamped());
+            let cheap = cheap_exit_cost(3, 200).expect("the cheap exit is taken on a thread with a clock");
+            let rec = current().expect("record");
+            assert_eq!(rec.fast_exits() - x, 3 * 200, "every cheap exit is counted");
+            assert_eq!(
+                (rec.hooks() - h0, rec.stamped() - s0),
+                (0, 0),
+                "a cheap exit runs no hook"
             );
-            eprintln!("unseen per hook: finstrument {e:.1} ticks, sled {s:.1}; a counted call {c:.1}");
+            // An exit called where the thread's innermost timed call
+            // called its entry hook, or above, is a whole hook; one from
+            // 16 bytes or more below is still cheap. The calibration's
+            // calls are made a few frames below this one: far above a
+            // point a mebibyte down, and below one a page up.
+            let here = {
+                let probe = 0u8;
+                std::ptr::addr_of!(probe) as u64
+            };
+            rec.set_timed(Some(here - (1 << 20)));
+            assert_eq!(cheap_exit_cost(1, 50), None, "an exit from above runs its hook");
+            assert_eq!(rec.hooks() - h0, 50, "each exit ran its hook");
+            rec.set_timed(Some(here + 4096));
+            assert!(cheap_exit_cost(1, 50).is_some(), "an exit from below is cheap");
+            rec.set_timed(None);
+            for v in [e, s, c, cheap] {
+                assert!(v.is_finite() && v >= 0.0, "{e} {s} {c} {cheap}");
+            }
+            eprintln!(
+                "unseen per hook: finstrument {e:.1} ticks, sled {s:.1}; a counted call {c:.1}; a cheap exit {cheap:.1}"
+            );
         })
         .join()
         .unwrap();

@@ -86,6 +86,16 @@ macro_rules! hook_stub {
             own: $own
         )
     };
+    ($unclocked:path, $clocked:path, $own:literal, cheap: $cheap:path) => {
+        crate::arch::stubs::hook_stub!(
+            $unclocked,
+            $clocked,
+            flag: crate::clock::FASTINST_CLOCKED,
+            end: crate::clock::end_fi,
+            own: $own,
+            cheap: $cheap
+        )
+    };
 }
 
 /// The entry hook gcc and clang call (`-finstrument-functions`).
@@ -105,7 +115,28 @@ pub unsafe extern "C" fn __cyg_profile_func_enter(this_fn: *mut libc::c_void, ca
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn __cyg_profile_func_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
-    hook_stub!(exit_fast, exit_clocked, "fastinst_own_cyg_exit")
+    hook_stub!(
+        exit_fast,
+        exit_clocked,
+        "fastinst_own_cyg_exit",
+        cheap: crate::clock::FASTINST_CHEAP_EXITS
+    )
+}
+
+/// The exit hook as the calibration runs it (`crate::hookcost`): the same
+/// code, its cheap path always open, so that it can be timed whatever the
+/// profiler's setting.
+///
+/// # Safety
+/// As [`__cyg_profile_func_exit`].
+#[unsafe(naked)]
+pub(crate) unsafe extern "C" fn calibration_cyg_exit(this_fn: *mut libc::c_void, call_site: *mut libc::c_void) {
+    hook_stub!(
+        exit_fast,
+        exit_clocked,
+        "fastinst_calibration_cyg_exit",
+        cheap: crate::clock::FASTINST_CHEAP_ALWAYS
+    )
 }
 
 unsafe extern "C" {

@@ -166,6 +166,8 @@ pub(crate) fn install(out: &Path, inlined: bool) -> crate::Result<()> {
         ));
     }
     crate::hookcost::start_clock();
+    // Every exit is traced.
+    crate::clock::set_cheap_exits(false);
     crate::api::listen(discovered)
 }
 

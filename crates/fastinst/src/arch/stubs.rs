@@ -41,29 +41,41 @@ macro_rules! hook_stub {
             concat!(".globl ", $own),
             concat!(".hidden ", $own),
             concat!($own, ":"),
-            "cmp byte ptr [rip + {clocked}], 0",
-            "jne 2f",
-            "mov rdx, [rsp]",
-            "lea rcx, [rsp + 8]",
-            "xor r8d, r8d",
-            "jmp {unclocked}",
-            "2:",
-            $crate::arch::stubs::tsc_stamp!(rax),
-            "mov r8, rax",
-            // Aligns the stack for the call.
-            "push r8",
-            "mov rdx, [rsp + 8]",
-            "lea rcx, [rsp + 16]",
-            "call {clocked_fast}",
-            "pop r8",
+            $crate::arch::stubs::hook_body!(),
+            clocked = sym $flag,
+            unclocked = sym $unclocked,
+            clocked_fast = sym $clocked,
+            end = sym $end,
+        )
+    };
+    // An exit hook: first its cheap path (`crate::clock`'s cheap exits),
+    // taken while the byte `$cheap` is set, by a call from 16 bytes or more
+    // below where the thread's innermost timed call in flight called its
+    // entry hook (`crate::clock::ThreadClock::set_timed`; the caller's
+    // stack pointer before this call is `rsp + 8`): it counts the exit
+    // and returns. `rax`, `rcx` and the flags are free, as in the rest of
+    // the stub.
+    ($unclocked:path, $clocked:path, flag: $flag:path, end: $end:path, own: $own:literal, cheap: $cheap:path) => {
+        core::arch::naked_asm!(
+            concat!(".globl ", $own),
+            concat!(".hidden ", $own),
+            concat!($own, ":"),
+            "cmp byte ptr [rip + {cheap}], 0",
+            "je 4f",
+            "mov rax, qword ptr [rip + fastinst_clock@GOTTPOFF]",
+            "mov rax, qword ptr fs:[rax]",
             "test rax, rax",
-            "jz 3f",
-            "mov rdi, rax",
-            $crate::arch::stubs::tsc_stamp!(rax),
-            "mov rsi, rax",
-            "jmp {end}",
-            "3:",
+            "jz 4f",
+            "lea rcx, [rsp + 24]",
+            "cmp rcx, qword ptr [rax + {timed}]",
+            "ja 4f",
+            "inc qword ptr [rax + {fast_exits}]",
             "ret",
+            "4:",
+            $crate::arch::stubs::hook_body!(),
+            cheap = sym $cheap,
+            timed = const $crate::clock::TIMED_OFFSET,
+            fast_exits = const $crate::clock::FAST_EXITS_OFFSET,
             clocked = sym $flag,
             unclocked = sym $unclocked,
             clocked_fast = sym $clocked,
@@ -72,6 +84,39 @@ macro_rules! hook_stub {
     };
 }
 pub(crate) use hook_stub;
+
+/// The body of [`hook_stub`]: the clocked or unclocked path, as one
+/// template string.
+macro_rules! hook_body {
+    () => {
+        concat!(
+            "cmp byte ptr [rip + {clocked}], 0\n",
+            "jne 2f\n",
+            "mov rdx, [rsp]\n",
+            "lea rcx, [rsp + 8]\n",
+            "xor r8d, r8d\n",
+            "jmp {unclocked}\n",
+            "2:\n",
+            $crate::arch::stubs::tsc_stamp!(rax),
+            "\nmov r8, rax\n",
+            // Aligns the stack for the call.
+            "push r8\n",
+            "mov rdx, [rsp + 8]\n",
+            "lea rcx, [rsp + 16]\n",
+            "call {clocked_fast}\n",
+            "pop r8\n",
+            "test rax, rax\n",
+            "jz 3f\n",
+            "mov rdi, rax\n",
+            $crate::arch::stubs::tsc_stamp!(rax),
+            "\nmov rsi, rax\n",
+            "jmp {end}\n",
+            "3:\n",
+            "ret"
+        )
+    };
+}
+pub(crate) use hook_body;
 
 /// The body of a naked stub that calls `$prepare` (no arguments; it
 /// returns an address), keeping the six integer argument registers across

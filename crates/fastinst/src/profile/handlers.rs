@@ -185,6 +185,7 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
             caller: ctx.call_site as u64,
             from: called_from(f, id, ctx.call_site as u64),
             entry: id,
+            sp: ctx.stack as u64,
             t0: now,
             h0,
             child: 0,
@@ -193,10 +194,25 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
             node_epoch: 0,
             open: false,
         });
+        publish_timed(sh);
         f.prefetch_exit(ctx.call_site as u64);
     });
     if pushed.is_none() {
         p.counters.no_thread.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Publishes to this thread's clock where the innermost timed call in
+/// flight called its entry hook, which the `-finstrument-functions` exit
+/// hook compares its own call with: an exit from deeper on the stack (a
+/// callee's) has nothing to pair with and takes the hook's cheap path
+/// (`crate::clock::set_cheap_exits`). Called after every push, and after
+/// the pops of an exit. A frame left by a `longjmp` is popped by the next
+/// exit from above it, which runs its hook.
+#[inline(always)]
+fn publish_timed(sh: &Shadow) {
+    if let Some(c) = crate::clock::current() {
+        c.set_timed(sh.frames.last().map(|f| f.sp));
     }
 }
 
@@ -325,10 +341,12 @@ pub(super) extern "C" fn on_exit(id: ProbeId) {
                 {
                     Counters::add_own(&store.counts.toggles, 1);
                 }
+                publish_timed(sh);
                 return;
             }
         }
         finish_frame(p, store, sh, t, h1);
+        publish_timed(sh);
         let c = &store.counts;
         let left = f.outstanding.fetch_sub(1, Ordering::AcqRel) - 1;
         if left <= 0 && f.closed.load(Ordering::Acquire) && exit_off(p, f, id) {

@@ -253,6 +253,9 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     // The hooks time themselves (the program clock), and the first epoch
     // starts now.
     crate::hookcost::start_clock();
+    // A `-finstrument-functions` exit with no timed call in flight on its
+    // thread has nothing to pair with: it returns from the hook at once.
+    crate::clock::set_cheap_exits(true);
     crate::clock::advance_period(tsc::now());
     if let Some(p) = get() {
         p.epoch_start.store(tsc::now(), Ordering::Relaxed);
@@ -295,6 +298,7 @@ pub(crate) fn set_settings(words: &str) -> Result<String, String> {
 pub(crate) fn end_for_detach(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
     p.stop.store(true, Ordering::Relaxed);
+    crate::clock::set_cheap_exits(false);
     cpusample::close_events();
     let until = Instant::now() + wait;
     while !p.sampler_done.load(Ordering::Acquire) {

@@ -304,6 +304,28 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
     }
 }
 
+/// Switches `f`'s exit probes off, if they are on, do not follow its
+/// entry and no timed call of it is in flight; returns the toggles.
+/// Its handlers switch them off too, on an exit after the window has
+/// closed, but a `-finstrument-functions` exit on a thread with no timed
+/// call in flight takes the hook's cheap path and runs none
+/// (`crate::clock::set_cheap_exits`): without this, an exit probe
+/// stayed on after its window, each call of a hot function paying the
+/// cheap path.
+fn exits_off(p: &State, f: &Func) -> u64 {
+    if f.exits_follow_entry.load(Ordering::Relaxed) || f.outstanding.load(Ordering::SeqCst) > 0 {
+        return 0;
+    }
+    let mut toggles = 0;
+    f.probes.for_each(|id, is_entry| {
+        if !is_entry && crate::is_active(id).unwrap_or(false) && crate::deactivate(id).is_ok() {
+            p.exit_watch_changed(f, true);
+            toggles += 1;
+        }
+    });
+    toggles
+}
+
 /// Switches function `fi`'s probes on for a window, exits first so that
 /// no timed entry misses its exit, marks its counters and arms its stubs'
 /// (`crate::sled::counter`), and sets the chance
@@ -330,12 +352,16 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
 /// shared in hooks, so that a build whose counted calls cost two hooks
 /// counts no more hook time than one whose calls cost one. A call that
 /// a sled's stub counts runs no hook: it costs the counting path's share
-/// of one (`crate::hookcost::counted_call_hooks`).
+/// of one (`crate::hookcost::counted_call_hooks`); an exit that takes
+/// the exit hook's cheap path, likewise
+/// (`crate::hookcost::counted_fi_call_hooks`).
 fn hooks_per_call(f: &Func) -> f64 {
     if f.counts_in_stubs() {
         crate::hookcost::counted_call_hooks()
     } else if f.exits_follow_entry.load(Ordering::Relaxed) {
         1.0
+    } else if crate::clock::cheap_exits() {
+        crate::hookcost::counted_fi_call_hooks()
     } else {
         2.0
     }
@@ -388,6 +414,7 @@ fn close(p: &State, s: &mut Inner, all: bool) {
                 toggles += 1;
             }
         });
+        toggles += exits_off(p, f);
         p.counters.toggles.fetch_add(toggles, Ordering::Relaxed);
         if f.window.kind() != Kind::Windowed {
             continue;
@@ -443,6 +470,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
                     p.counters.toggles.fetch_add(1, Ordering::Relaxed);
                 }
             });
+            p.counters.toggles.fetch_add(exits_off(p, f), Ordering::Relaxed);
         }
     }
     let want = f64::from(p.live.samples());

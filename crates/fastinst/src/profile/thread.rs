@@ -42,6 +42,11 @@ pub(crate) struct Frame {
     pub from: u64,
     /// The entry probe it came through.
     pub entry: ProbeId,
+    /// The stack pointer its entry hook was called at (its call of the
+    /// hook: `crate::hooks::HookContext::stack`), which its own exit
+    /// hook's call is at or above and every callee's below (see
+    /// `crate::clock::ThreadClock::set_timed`).
+    pub sp: u64,
     /// Entry time (TSC: the entry hook's stamp).
     pub t0: u64,
     /// The thread's hook ticks at the entry hook's stamp (before its own).
@@ -611,6 +616,7 @@ mod tests {
                         caller: 0,
                         from,
                         entry: ProbeId::new(0),
+                        sp: 0,
                         t0: 0,
                         h0: 0,
                         child: 0,
