@@ -313,22 +313,34 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
 /// A hook that stamped `start` begins: the thread's record (made on its
 /// first clocked hook), with the period bookkeeping done. `None` when the
 /// hook is not clocked (`start == 0`) or the thread table is full.
-#[inline(always)]
+#[cfg(test)]
 pub(crate) fn begin(start: u64) -> Option<&'static ThreadClock> {
+    let rec = record(start)?;
+    open(rec, start);
+    Some(rec)
+}
+
+/// This thread's record (made on its first clocked hook), for a hook
+/// stamped `start`; `None` when the hook is not clocked (`start == 0`)
+/// or the thread table is full.
+#[inline(always)]
+fn record(start: u64) -> Option<&'static ThreadClock> {
     if start == 0 {
         return None;
     }
-    let rec = match current() {
-        Some(r) => r,
-        None => register(start)?,
-    };
+    current().or_else(|| register(start))
+}
+
+/// Opens the hook stamped `start` on `rec`, with the period bookkeeping
+/// done.
+#[inline(always)]
+fn open(rec: &ThreadClock, start: u64) {
     let p = PERIOD.load(Ordering::Acquire);
     let last = rec.period.load(Ordering::Relaxed);
     if last != p {
         new_period(rec, last, p);
     }
     rec.open_since.store(start, Ordering::Release);
-    Some(rec)
 }
 
 /// Longest time one hook is charged (ticks): a hook runs for a few
@@ -453,7 +465,8 @@ pub(crate) fn begin_hook(started: u64) -> (usize, u64) {
     } else {
         started
     };
-    if current().is_some_and(|rec| rec.in_hook(started)) {
+    let Some(rec) = record(started) else { return (0, 0) };
+    if rec.in_hook(started) {
         // A signal handler's hook on top of this thread's hook in progress,
         // outside its handler: the outer hook's stretch holds this one
         // whole. Charged itself, it would also clear the outer's stamp,
@@ -462,10 +475,8 @@ pub(crate) fn begin_hook(started: u64) -> (usize, u64) {
         // whatever window was open.
         return (0, started);
     }
-    match begin(started) {
-        Some(rec) => (rec as *const ThreadClock as usize, started),
-        None => (0, 0),
-    }
+    open(rec, started);
+    (rec as *const ThreadClock as usize, started)
 }
 
 /// The end of a clocked `-finstrument-functions` hook, called by its stub

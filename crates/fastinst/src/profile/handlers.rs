@@ -87,20 +87,14 @@ pub(super) fn pop_dead(
     }
 }
 
-/// Switches exit probe `id` of `f` off, then stamps the change: a sampled
-/// call entered before the stamp may now return unseen. Whether it
-/// switched (a toggle for the caller to count). Exit probes that follow
-/// their entry probe stay on.
+/// Switches exit probe `id` of `f` off from a handler
+/// ([`State::exit_probe_off`](super::state::State::exit_probe_off)), and
+/// back on if the window reopened meanwhile ([`reopened`]). Whether it
+/// switched (a toggle for the caller to count).
 pub(super) fn exit_off(p: &Profiler, f: &Func, id: ProbeId) -> bool {
-    if f.exits_follow_entry.load(Ordering::Relaxed) {
-        return false;
-    }
-    let switched = crate::deactivate(id).is_ok();
-    if switched {
-        p.exit_watch_changed(f, true);
-        if reopened(f) && crate::activate(id, on_exit).is_ok() {
-            p.exit_watch_changed(f, false);
-        }
+    let switched = p.exit_probe_off(f, id);
+    if switched && reopened(f) && crate::activate(id, on_exit).is_ok() {
+        p.exit_watch_changed(f, false);
     }
     switched
 }

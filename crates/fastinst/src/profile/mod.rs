@@ -253,8 +253,9 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     // The hooks time themselves (the program clock), and the first epoch
     // starts now.
     crate::hookcost::start_clock();
-    // A `-finstrument-functions` exit with no timed call in flight on its
-    // thread has nothing to pair with: it returns from the hook at once.
+    // A `-finstrument-functions` exit from below the innermost timed call
+    // in flight on its thread has nothing to pair with: it returns from the
+    // hook at once.
     crate::clock::set_cheap_exits(true);
     crate::clock::advance_period(tsc::now());
     if let Some(p) = get() {

@@ -304,22 +304,21 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
     }
 }
 
-/// Switches `f`'s exit probes off, if they are on, do not follow its
-/// entry and no timed call of it is in flight; returns the toggles.
+/// Switches `f`'s exit probes off, if they are on and no timed call of
+/// `f` is in flight ([`State::exit_probe_off`]); returns the toggles.
 /// Its handlers switch them off too, on an exit after the window has
-/// closed, but a `-finstrument-functions` exit on a thread with no timed
-/// call in flight takes the hook's cheap path and runs none
+/// closed, but a `-finstrument-functions` exit from below the innermost
+/// timed call on its thread takes the hook's cheap path and runs none
 /// (`crate::clock::set_cheap_exits`): without this, an exit probe
 /// stayed on after its window, each call of a hot function paying the
-/// cheap path.
+/// cheap path. (The sampler opens windows itself: none reopens under it.)
 fn exits_off(p: &State, f: &Func) -> u64 {
-    if f.exits_follow_entry.load(Ordering::Relaxed) || f.outstanding.load(Ordering::SeqCst) > 0 {
+    if f.outstanding.load(Ordering::SeqCst) > 0 {
         return 0;
     }
     let mut toggles = 0;
     f.probes.for_each(|id, is_entry| {
-        if !is_entry && crate::is_active(id).unwrap_or(false) && crate::deactivate(id).is_ok() {
-            p.exit_watch_changed(f, true);
+        if !is_entry && crate::is_active(id).unwrap_or(false) && p.exit_probe_off(f, id) {
             toggles += 1;
         }
     });

@@ -167,6 +167,21 @@ impl State {
         }
     }
 
+    /// Switches exit probe `id` of `f` off and stamps the change (a
+    /// sampled call entered before the stamp may now return unseen);
+    /// whether it switched. Exit probes that follow their entry probe
+    /// stay on.
+    pub(super) fn exit_probe_off(&self, f: &Func, id: ProbeId) -> bool {
+        if f.exits_follow_entry.load(Ordering::Relaxed) {
+            return false;
+        }
+        let switched = crate::deactivate(id).is_ok();
+        if switched {
+            self.exit_watch_changed(f, true);
+        }
+        switched
+    }
+
     /// Invalidates every path node kept in a shadow-stack frame.
     pub(super) fn paths_may_change(&self) {
         self.path_epoch.fetch_add(1, Ordering::SeqCst);
