@@ -852,26 +852,37 @@ fn a_burst_inside_one_epoch_is_counted_exactly_by_the_sleds_stubs() {
 /// judged by that count, every function stayed whole, every call hooked and
 /// timed, and the program ran at a fiftieth of its speed. Judged in the
 /// program's own time, they go windowed.
+///
+/// The first epoch still counts each function whole up to
+/// `WHOLE_OVERFLOW` calls, a fixed 1.2-1.3 M timed calls whatever the
+/// machine's speed, so the timed share falls with the program's speed:
+/// CI's loaded 2-CPU machine made a sixth of this machine's calls in a
+/// 0.6 s run and read a quarter of them timed. The run is long enough,
+/// and the bound loose enough, that only the bug (every call timed) fails.
 #[test]
 fn the_profilers_own_slowing_does_not_keep_short_functions_whole() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("many");
     let c = dir.join("many.c");
     std::fs::write(&c, testkit::programs::many_functions(20_000)).unwrap();
-    let r = sled_profile(&dir, &c, &["0.6"], &[], "done\n");
+    let r = sled_profile(&dir, &c, &["1.5"], &[], "done\n");
     let fs: Vec<_> = r.functions.iter().filter(|f| f.name.starts_with('f')).collect();
     assert!(fs.len() >= 19_000, "{} functions profiled", fs.len());
     let whole = fs.iter().filter(|f| f.calls_exact).count();
     let (timed, calls): (u64, f64) = fs
         .iter()
         .fold((0, 0.0), |(t, c), f| (t + f.calls_sampled, c + f.calls_estimated));
+    println!(
+        "{whole} of {} functions whole; {timed} timed calls of {calls:.0}",
+        fs.len()
+    );
     assert!(
         whole * 10 < fs.len(),
         "{whole} of {} functions were counted whole all run",
         fs.len()
     );
     assert!(
-        (timed as f64) < 0.2 * calls,
+        (timed as f64) < 0.5 * calls,
         "{timed} timed calls of {calls:.0}: nearly every call hooked"
     );
     std::fs::remove_dir_all(&dir).unwrap();
