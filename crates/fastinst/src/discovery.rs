@@ -68,7 +68,9 @@ pub const MAX_CALLBACKS: usize = 16;
 pub(crate) struct State {
     pub modules: Modules,
     next_module: u32,
-    names: HashMap<u64, &'static CStr>,
+    /// Function names by entry address (a look-up and an insert per
+    /// function at start-up: a fast hash of the address).
+    names: fastinst_report::fx::FxMap<u64, &'static CStr>,
     /// Where those names are kept.
     name_store: NameStore,
     pub callbacks: Vec<Callback>,
@@ -108,7 +110,7 @@ impl State {
         State {
             modules,
             next_module: next,
-            names: HashMap::new(),
+            names: Default::default(),
             name_store: NameStore::default(),
             callbacks: Vec::new(),
             rewrite: REWRITE.load(Ordering::Relaxed),

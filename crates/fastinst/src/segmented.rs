@@ -19,6 +19,9 @@ pub(crate) const SEG: usize = 1 << SEG_BITS;
 
 type Slot<T> = UnsafeCell<MaybeUninit<T>>;
 
+/// Entries whose pages a push faults in at once, ahead of writing them.
+const POPULATE: usize = 256;
+
 /// The table of at most `N` × [`SEG`] entries. `T` values live for the rest
 /// of the process. Const-constructible, so it can be a `static`.
 pub(crate) struct Segmented<T: 'static, const N: usize> {
@@ -107,6 +110,16 @@ impl<T: Send + Sync + 'static, const N: usize> Segmented<T, N> {
             seg = Box::leak(fresh).as_mut_ptr();
             // Published to readers by the `len` store below.
             slot_seg.store(seg, Ordering::Relaxed);
+        }
+        if (i as usize).is_multiple_of(POPULATE) {
+            // The next entries' pages at once (see `mapping::populate`); a
+            // batch, not the whole segment, so a small program's tables
+            // stay small.
+            let at = i as usize & (SEG - 1);
+            let n = POPULATE.min(SEG - at);
+            // `wrapping_add`: only an address, for the hint.
+            let from = seg.wrapping_add(at) as usize;
+            crate::mapping::populate(from, n * std::mem::size_of::<Slot<T>>());
         }
         let v = make(i);
         // SAFETY: slot `i` of a live segment (the index is below SEG),

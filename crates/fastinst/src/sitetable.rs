@@ -108,20 +108,75 @@ const ADDR: u64 = (1 << 56) - 1;
 /// its registration). Inside its page a key's home is its page offset /
 /// 16, turned by a few dozen slots per kind (so a site's keys of several
 /// kinds do not contend for one home): a slot per 16 bytes of code and
-/// page, so even a page of tiny instrumented functions (a few hundred
-/// keys) fills about half of its block, as before; a key's probe sequence
-/// stays within a line or two, four slots to a line, and runs on into the
-/// next page where one is full.
+/// page, so a page of ordinary functions fills a small part of its block.
+/// A key's probe sequence is [`RUN`] slots from its home, within its table
+/// page (a line or a few), and then as many in the same page of another
+/// block, placed by the page and the level ([`Probes`]).
 #[inline(always)]
 fn slot(k: u64) -> usize {
-    let addr = k & ADDR;
-    let block = ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - (BITS - WITHIN))) as usize;
-    // k >> 55: the space times 128 plus the sub-kind times 2 (bit 55 of a
-    // code address is 0), one shift on the hook's path.
-    let kind = (k >> 55) as usize;
-    let page = usize::from(kind >= REGISTRATION);
-    let home = ((addr >> 4) as usize + kind + (kind >> 1)) & (HALF - 1);
-    (block << WITHIN) | (page * HALF) | home
+    Probes::new(k).at()
+}
+
+/// Slots a key's probe sequence visits in one block before it moves on to
+/// the next level's block. A code page of tiny functions (a page of
+/// 16-byte sled functions has 768 registration keys for 256 slots) fills
+/// its page; run on linearly, as the sequence once did, its keys ran into
+/// the next blocks' pages in one cluster of hundreds of slots that every
+/// look-up of a key not there walked to its end (most of a 20,000-function
+/// program's registration time went to such walks). Moving on by level,
+/// each page's overflow takes a page of another block, and a look-up walks
+/// a few short runs.
+const RUN: usize = 16;
+
+/// The slots a look-up or insert of one key visits, in order.
+#[derive(Clone, Copy)]
+struct Probes {
+    /// The key's code page (its address bits above the page offset).
+    page: u64,
+    /// The table page of the block (0 or [`HALF`]) and the home inside it.
+    half: usize,
+    home: usize,
+    /// Which block: 0 for the page's own, then one more each [`RUN`].
+    level: u64,
+    /// Slots visited in this level's block.
+    step: usize,
+}
+
+impl Probes {
+    #[inline(always)]
+    fn new(k: u64) -> Self {
+        let addr = k & ADDR;
+        // k >> 55: the space times 128 plus the sub-kind times 2 (bit 55 of a
+        // code address is 0), one shift on the hook's path.
+        let kind = (k >> 55) as usize;
+        Probes {
+            page: addr >> 12,
+            half: usize::from(kind >= REGISTRATION) * HALF,
+            home: ((addr >> 4) as usize + kind + (kind >> 1)) & (HALF - 1),
+            level: 0,
+            step: 0,
+        }
+    }
+
+    /// The slot the sequence is at.
+    #[inline(always)]
+    fn at(&self) -> usize {
+        // Level 0 is the page's own block; a later level's block is the
+        // page's hash with the level in bits above any page number.
+        let h = (self.page ^ (self.level << 45)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let block = (h >> (64 - (BITS - WITHIN))) as usize;
+        (block << WITHIN) | self.half | ((self.home + self.step) & (HALF - 1))
+    }
+
+    /// Moves to the next slot of the sequence.
+    #[inline(always)]
+    fn advance(&mut self) {
+        self.step += 1;
+        if self.step == RUN {
+            self.step = 0;
+            self.level += 1;
+        }
+    }
 }
 
 /// Slots per table page of a block.
@@ -185,9 +240,9 @@ pub(crate) fn prefetch_slot(i: u32) {
 /// The value under `k`. Lock-free.
 #[inline(always)]
 pub fn get(k: u64) -> Option<u32> {
-    let mut i = slot(k);
-    loop {
-        let s = &TABLE.slots[i];
+    let mut p = Probes::new(k);
+    for _ in 0..CAPACITY {
+        let s = &TABLE.slots[p.at()];
         let cur = s.key.load(Ordering::Acquire);
         if cur == k {
             return Some(s.val.load(Ordering::Relaxed));
@@ -195,8 +250,9 @@ pub fn get(k: u64) -> Option<u32> {
         if cur == EMPTY {
             return None;
         }
-        i = (i + 1) & (CAPACITY - 1);
+        p.advance();
     }
+    None
 }
 
 /// The probe under `k` (a site, return-address or function key).
@@ -209,9 +265,10 @@ pub(crate) fn probe(k: u64) -> Option<crate::probe::ProbeId> {
 /// keeps it under 3/4 full and refuses new probes past that).
 pub(crate) fn insert(k: u64, v: u32) -> bool {
     debug_assert!(k > TOMBSTONE);
-    let mut i = slot(k);
+    let mut p = Probes::new(k);
     let mut free = None;
     for _ in 0..CAPACITY {
+        let i = p.at();
         let s = &TABLE.slots[i];
         let cur = s.key.load(Ordering::Relaxed);
         if cur == k {
@@ -227,16 +284,16 @@ pub(crate) fn insert(k: u64, v: u32) -> bool {
             at.key.store(k, Ordering::Release);
             return true;
         }
-        i = (i + 1) & (CAPACITY - 1);
+        p.advance();
     }
     false
 }
 
 /// Removes `k` (a tombstone keeps later probes reachable).
 pub(crate) fn remove(k: u64) {
-    let mut i = slot(k);
-    loop {
-        let s = &TABLE.slots[i];
+    let mut p = Probes::new(k);
+    for _ in 0..CAPACITY {
+        let s = &TABLE.slots[p.at()];
         let cur = s.key.load(Ordering::Relaxed);
         if cur == k {
             s.key.store(TOMBSTONE, Ordering::Release);
@@ -245,7 +302,22 @@ pub(crate) fn remove(k: u64) {
         if cur == EMPTY {
             return;
         }
-        i = (i + 1) & (CAPACITY - 1);
+        p.advance();
+    }
+}
+
+/// Slots a look-up of `k` visits before it finds `k` or an empty slot.
+#[cfg(test)]
+fn probes_for(k: u64) -> usize {
+    let mut p = Probes::new(k);
+    let mut n = 1;
+    loop {
+        let cur = TABLE.slots[p.at()].key.load(Ordering::Relaxed);
+        if cur == k || cur == EMPTY {
+            return n;
+        }
+        p.advance();
+        n += 1;
     }
 }
 
@@ -319,6 +391,42 @@ mod tests {
         }
         // `prepare_registration` touches exactly that page.
         assert_eq!(block_of(page) + HALF, first * HALF);
+    }
+
+    #[test]
+    fn a_page_of_tiny_functions_leaves_look_ups_short() {
+        // 256 sled functions of 16 bytes on each of 8 code pages, each
+        // with the three keys registration makes: three times what a
+        // page's half block holds. Run on linearly, the keys made one
+        // cluster that a look-up of an absent key (a C function's `body`,
+        // a new site's dedupe) walked to its end: 1,000 slots and more.
+        let base = 0x4444_0001_0000u64;
+        let fs: Vec<u64> = (0..8 * 256u64).map(|i| base + i * 16).collect();
+        for &f in &fs {
+            for k in [key::extent(f), key::patched(f), key::site(f)] {
+                assert!(insert(k, 5));
+            }
+        }
+        let mut worst = 0;
+        for &f in &fs {
+            for k in [
+                key::extent(f),
+                key::patched(f),
+                key::site(f),
+                key::body(f),
+                key::site(f + 3),
+            ] {
+                worst = worst.max(probes_for(k));
+            }
+            assert_eq!(get(key::site(f)), Some(5));
+            assert_eq!(get(key::body(f)), None);
+        }
+        assert!(worst <= 6 * RUN, "a look-up visits {worst} slots");
+        for &f in &fs {
+            for k in [key::extent(f), key::patched(f), key::site(f)] {
+                remove(k);
+            }
+        }
     }
 
     #[test]

@@ -160,6 +160,10 @@ impl State {
                 let Some(chunk) = map_aligned(CHUNK, CHUNK) else {
                     return std::ptr::null_mut();
                 };
+                // Its blocks are handed out one after another from here,
+                // most soon after (the start's records); one system call
+                // maps its pages rather than a fault each.
+                fastinst::mapping::populate(chunk, CHUNK);
                 let mut i = (chunk / CHUNK) % CHUNK_SLOTS;
                 while self.chunks[i].load(Ordering::Relaxed) != 0 {
                     i = (i + 1) % CHUNK_SLOTS;

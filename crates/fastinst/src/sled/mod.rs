@@ -265,7 +265,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
     let mut sleds: Vec<Candidate> = Vec::new();
     {
         let mem = LiveMemory { modules: &s.modules };
-        let mut seen = std::collections::HashSet::new();
+        let mut seen: std::collections::HashSet<u64, std::hash::BuildHasherDefault<fastinst_report::fx::FxHasher>> =
+            Default::default();
         for &rec in &m.sleds {
             let (entry, func) = patchable::entry_of(rec, m.symbols());
             sitetable::prepare_registration(entry);
@@ -517,6 +518,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
             if let Some(size) = func.and_then(|f| u32::try_from(f.size).ok()) {
                 sitetable::insert(key::extent(body), size);
                 sitetable::insert(key::body(function), body.wrapping_sub(function) as u32);
+                BODIES.store(true, Ordering::Release);
             }
         }
         if kinds.len() == 2 {
@@ -566,11 +568,18 @@ fn rust_body(mem: &LiveMemory, m: &Module, entry: u64) -> Option<u64> {
 /// function's time is spent in, for attributing return addresses and CPU
 /// samples to it.
 pub(crate) fn body_of(f: usize) -> Option<(usize, usize)> {
+    if !BODIES.load(Ordering::Acquire) {
+        return None;
+    }
     let off = sitetable::get(key::body(f as u64))? as i32;
     let start = (f as i64 + off as i64) as usize;
     let size = sitetable::get(key::extent(start as u64))?;
     Some((start, start + size as usize))
 }
+
+/// Whether any sled function has a body of its own ([`body_of`]): a C
+/// program's have none, and its start-up looked each of them up in vain.
+static BODIES: AtomicBool = AtomicBool::new(false);
 
 /// The sled a `-pg` site will be: the live bytes are the call the file
 /// has (rewritten before the first toggle) or already the NOP (a site an
