@@ -10,6 +10,7 @@
 //! through the GOT).
 
 use crate::error::{AttachError, Result};
+use crate::files::Files;
 use crate::maps::Module;
 use crate::sleds::load_bias;
 use goblin::elf::Elf;
@@ -53,14 +54,14 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Slot>> {
 }
 
 /// The hook slots of every module (the runtime's own library aside).
-pub fn of_modules(modules: &[Module]) -> Result<Vec<Slot>> {
+pub fn of_modules(modules: &[Module], files: &mut Files) -> Result<Vec<Slot>> {
     let mut out = Vec::new();
     for m in modules {
         if m.path.file_name().is_some_and(|n| n == crate::LIBRARY_NAME) {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&m.path) else { continue };
-        out.extend(of_file(&bytes, m.base)?);
+        let Some(bytes) = files.get(&m.path) else { continue };
+        out.extend(of_file(bytes, m.base)?);
     }
     Ok(out)
 }

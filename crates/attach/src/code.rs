@@ -11,6 +11,7 @@
 //! compared.
 
 use crate::error::Result;
+use crate::files::Files;
 use crate::maps::{Mapping, Module};
 use crate::mem::Mem;
 use goblin::elf::dynamic::{DF_TEXTREL, DT_TEXTREL};
@@ -46,19 +47,20 @@ pub struct Region {
 
 /// The executable mappings of `modules` (those of files without text
 /// relocations), each with its file's bytes.
-pub fn regions(maps: &[Mapping], modules: &[Module]) -> Vec<Region> {
-    let mut files: HashMap<&str, Option<Vec<u8>>> = HashMap::new();
+pub fn regions(maps: &[Mapping], modules: &[Module], files: &mut Files) -> Vec<Region> {
+    let mut textrel: HashMap<&str, bool> = HashMap::new();
     let mut out = Vec::new();
     for m in maps.iter().filter(|m| m.code()) {
         if !modules.iter().any(|md| md.path.as_os_str() == m.path.as_str()) {
             continue;
         }
-        let file = files.entry(m.path.as_str()).or_insert_with(|| {
-            std::fs::read(&m.path)
-                .ok()
-                .filter(|b| Elf::parse(b).is_ok_and(|e| !has_textrel(&e)))
-        });
-        if let Some(bytes) = file {
+        let Some(bytes) = files.get(std::path::Path::new(&m.path)) else {
+            continue;
+        };
+        let usable = *textrel
+            .entry(m.path.as_str())
+            .or_insert_with(|| Elf::parse(bytes).is_ok_and(|e| !has_textrel(&e)));
+        if usable {
             let start = (m.offset as usize).min(bytes.len());
             let end = (m.offset as usize + (m.end - m.start) as usize).min(bytes.len());
             out.push(Region {

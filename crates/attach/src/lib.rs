@@ -32,6 +32,7 @@
 pub mod bindings;
 pub mod code;
 pub mod error;
+pub mod files;
 pub mod maps;
 pub mod mem;
 pub mod remote;
@@ -261,14 +262,15 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     }
     let library = loaded_library(pid, &maps)?.unwrap_or_else(|| opts.library.clone());
     let modules = maps::modules(&maps);
-    let sites = sleds::of_modules(&modules)?;
-    let slots = bindings::of_modules(&modules)?;
+    let mut files = files::Files::new();
+    let sites = sleds::of_modules(&modules, &mut files)?;
+    let slots = bindings::of_modules(&modules, &mut files)?;
     if sites.is_empty() && slots.is_empty() {
         return Err(AttachError::NoSites(pid));
     }
     // The code the runtime may change: the probed modules'. What differs
     // from the files already is not the runtime's to put back.
-    let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots));
+    let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots), &mut files);
     let code_before = code::differing(&Mem::open(pid)?, &regions)?;
     let loader = symbols_in(&maps, "libc.so.6", &["dlopen", "dlerror"])?;
     let (dlopen, dlerror) = (loader[0], loader[1]);
@@ -369,8 +371,9 @@ fn take_lock(uid: u32, pid: i32) -> Result<Option<std::fs::File>> {
 /// and put back.
 fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
     let modules = maps::modules(maps);
-    let sites = sleds::of_modules(&modules)?;
-    let slots = bindings::of_modules(&modules)?;
+    let mut files = files::Files::new();
+    let sites = sleds::of_modules(&modules, &mut files)?;
+    let slots = bindings::of_modules(&modules, &mut files)?;
     let libc_hooks = symbols_in(maps, "libc.so.6", &bindings::HOOKS)?;
     let bound: Vec<_> = slots.iter().map(|s| (s.clone(), libc_hooks[s.hook])).collect();
     let library = maps
@@ -383,7 +386,7 @@ fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
     let (_, control) = paths(owner, pid)?;
     let session = Session {
         pid,
-        regions: code::regions(maps, &probed(maps, &modules, &sites, &slots)),
+        regions: code::regions(maps, &probed(maps, &modules, &sites, &slots), &mut files),
         sites,
         bound,
         code_before: Vec::new(),

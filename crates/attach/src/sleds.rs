@@ -2,6 +2,7 @@
 //! each is in memory and what its bytes are in the file.
 
 use crate::error::{AttachError, Result};
+use crate::files::Files;
 use crate::maps::Module;
 use crate::mem::Mem;
 use goblin::elf::program_header::PT_LOAD;
@@ -53,7 +54,7 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
     if table.is_empty() {
         return Ok(Vec::new());
     }
-    let symbols = SymbolTable::from_sections(&sections, bytes, 0).map_err(|e| bad(&e))?;
+    let symbols = SymbolTable::extents_from_sections(&sections, bytes, 0).map_err(|e| bad(&e))?;
     let mut out = Vec::new();
     for recorded in table {
         let (entry, _) = patchable::entry_of(recorded, &symbols);
@@ -78,7 +79,7 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
 }
 
 /// The sites of every module.
-pub fn of_modules(modules: &[Module]) -> Result<Vec<Site>> {
+pub fn of_modules(modules: &[Module], files: &mut Files) -> Result<Vec<Site>> {
     let mut out = Vec::new();
     for m in modules {
         // The runtime of an earlier attach probes none of its own code,
@@ -86,8 +87,8 @@ pub fn of_modules(modules: &[Module]) -> Result<Vec<Site>> {
         if m.path.file_name().is_some_and(|n| n == crate::LIBRARY_NAME) {
             continue;
         }
-        let Ok(bytes) = std::fs::read(&m.path) else { continue };
-        match of_file(&bytes, m.base) {
+        let Some(bytes) = files.get(&m.path) else { continue };
+        match of_file(bytes, m.base) {
             Ok(s) => out.extend(s),
             // A file that is not ELF (or changed on disk) has no sites we can trust.
             Err(_) => continue,

@@ -124,8 +124,8 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     let maps = fastinst_attach::maps::of(pid as i32).unwrap();
     let modules = fastinst_attach::maps::modules(&maps);
     let program: Vec<_> = modules.iter().filter(|m| m.path == inst).cloned().collect();
-    let regions = fastinst_attach::code::regions(&maps, &program);
-    let slots = fastinst_attach::bindings::of_modules(&program).unwrap();
+    let regions = fastinst_attach::code::regions(&maps, &program, &mut fastinst_attach::files::Files::new());
+    let slots = fastinst_attach::bindings::of_modules(&program, &mut fastinst_attach::files::Files::new()).unwrap();
     let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
     let slot_values = |mem: &fastinst_attach::mem::Mem| -> Vec<u64> {
         slots
@@ -147,7 +147,11 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     // The program still runs: its code is its file's bytes again, and its
     // hook slots hold what they held.
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
-    let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+    let sites = fastinst_attach::sleds::of_modules(
+        &fastinst_attach::maps::modules(&maps),
+        &mut fastinst_attach::files::Files::new(),
+    )
+    .unwrap();
     assert_eq!(sites.len() >= 4, sleds, "{} sites", sites.len());
     let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
     assert!(wrong.is_empty(), "sites differ from the file after detach: {wrong:x?}");
@@ -315,7 +319,11 @@ fn a_rust_service_is_attached_profiled_and_left_as_it_was() {
         text(&o.stderr)
     );
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
-    let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+    let sites = fastinst_attach::sleds::of_modules(
+        &fastinst_attach::maps::modules(&maps),
+        &mut fastinst_attach::files::Files::new(),
+    )
+    .unwrap();
     assert!(sites.len() >= 5, "{} sites", sites.len());
     let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
     let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
@@ -428,7 +436,11 @@ fn a_process_is_attached_and_detached_100_times_and_runs_on_unchanged() {
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(200));
     let maps = fastinst_attach::maps::of(pid as i32).unwrap();
-    let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+    let sites = fastinst_attach::sleds::of_modules(
+        &fastinst_attach::maps::modules(&maps),
+        &mut fastinst_attach::files::Files::new(),
+    )
+    .unwrap();
     assert!(sites.len() >= 4, "{} sites", sites.len());
     let began = std::time::Instant::now();
     for i in 0..CYCLES {
@@ -562,7 +574,7 @@ fn a_process_left_attached_by_a_killed_command_is_detached_by_the_next() {
         let maps = fastinst_attach::maps::of(child.id() as i32).unwrap();
         let modules = fastinst_attach::maps::modules(&maps);
         let program: Vec<_> = modules.iter().filter(|m| m.path == inst).cloned().collect();
-        let regions = fastinst_attach::code::regions(&maps, &program);
+        let regions = fastinst_attach::code::regions(&maps, &program, &mut fastinst_attach::files::Files::new());
         let mut first = attach_in_background(&pid, "60", &dir.join("out1"), &dir);
         // Probes armed for a while, then the command is killed outright.
         std::thread::sleep(Duration::from_millis(300));
@@ -638,7 +650,7 @@ fn an_attached_process_has_no_page_writable_and_executable_unless_asked() {
             .into_iter()
             .filter(|m| m.path == inst)
             .collect();
-        let regions = fastinst_attach::code::regions(&maps, &program);
+        let regions = fastinst_attach::code::regions(&maps, &program, &mut fastinst_attach::files::Files::new());
         assert!(!regions.is_empty());
         let out = dir.join(format!("out-{wx}"));
         let extra: &[&str] = if wx { &[] } else { &["--no-wx"] };
@@ -666,10 +678,14 @@ fn an_attached_process_has_no_page_writable_and_executable_unless_asked() {
         // mapping, and the maps parsed with the aliased code as the module's.
         let maps = fastinst_attach::maps::of(pid as i32).unwrap();
         let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
-        let sites = fastinst_attach::sleds::of_modules(&fastinst_attach::maps::modules(&maps)).unwrap();
+        let sites = fastinst_attach::sleds::of_modules(
+            &fastinst_attach::maps::modules(&maps),
+            &mut fastinst_attach::files::Files::new(),
+        )
+        .unwrap();
         assert!(sites.len() >= 4, "{} sites", sites.len());
         assert!(fastinst_attach::sleds::differing(&mem, &sites).unwrap().is_empty());
-        let regions = fastinst_attach::code::regions(&maps, &program);
+        let regions = fastinst_attach::code::regions(&maps, &program, &mut fastinst_attach::files::Files::new());
         assert!(!regions.is_empty(), "the aliased code is not found as the program's");
         let code = fastinst_attach::code::differing(&mem, &regions).unwrap();
         assert!(code.is_empty(), "code differs from the file after detach: {code:x?}");

@@ -73,6 +73,32 @@ impl SymbolTable {
         })
     }
 
+    /// [`SymbolTable::from_sections`]'s functions, each with an empty name:
+    /// for a caller after their extents alone (where a module's sleds
+    /// enter their functions). Reading, copying and demangling every name
+    /// was most of the time an attach spent on a module's sites.
+    pub fn extents_from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
+        let mut funcs: Vec<(Function, u8)> = Vec::new();
+        each_function(sections, bytes, bias, |start, size, name, rank| {
+            // The same symbols as `from_sections`: those with a name.
+            if name().is_some() {
+                funcs.push((
+                    Function {
+                        start,
+                        size,
+                        name: String::new(),
+                    },
+                    rank,
+                ))
+            }
+        })?;
+        funcs.sort_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
+        funcs.dedup_by(|later, first| later.0.start == first.0.start);
+        Ok(SymbolTable {
+            funcs: funcs.into_iter().map(|(f, _)| f).collect(),
+        })
+    }
+
     /// The function containing `addr`, exactly as
     /// `from_sections(sections, bytes, bias)?.containing(addr)` finds it,
     /// by one pass over the symbols that copies only the name it returns:
@@ -347,6 +373,11 @@ mod tests {
                 let one = SymbolTable::function_at(&sections, &bytes, bias, addr).unwrap();
                 assert_eq!(one.as_ref(), t.containing(addr), "{path} at {addr:#x}");
             }
+            // The extents alone: the same functions, unnamed.
+            let e = SymbolTable::extents_from_sections(&sections, &bytes, bias).unwrap();
+            let extents = |t: &SymbolTable| t.iter().map(|f| (f.start, f.size)).collect::<Vec<_>>();
+            assert_eq!(extents(&e), extents(&t), "{path}");
+            assert!(e.iter().all(|f| f.name.is_empty()));
         }
     }
 }
