@@ -68,25 +68,34 @@ pub fn start_from_env() {
     // a thread of its own, beside the modules' and sleds' reading, and is
     // joined before the tool arms any probe (the two waits in a row were a
     // good part of a first attach's start: `crates/benches/results/attach.md`).
+    // W^X's own registration (its fork gate's) is made on that thread
+    // too, first (the mode is set below, after the modules are read), and
+    // so is what the tool's start would wait for (`tools::prepare`).
+    let write_mode = match env("FASTINST_WX").as_deref() {
+        None => None,
+        Some("1") => Some(wordpatch::WriteMode::Alias),
+        Some("0") => Some(wordpatch::WriteMode::InPlace),
+        Some(v) => {
+            log::error(format_args!("FASTINST_WX: `{v}` is not 0 or 1; using 0"));
+            None
+        }
+    };
+    let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::Profile);
     let resolving = if crate::rawthread::threads_in_process() > 1 {
         std::thread::Builder::new()
             .name("fastinst-wait".into())
-            .spawn(wordpatch::default_wait)
+            .spawn(move || {
+                if let Some(m) = write_mode {
+                    wordpatch::prepare_write_mode(m);
+                }
+                tools::prepare(tool);
+                wordpatch::default_wait()
+            })
             .ok()
     } else {
         None
     };
-    // W^X: chosen before any code page is made writable. Pages made
-    // writable by an earlier start (an attach before) keep their way.
-    if let Some(v) = env("FASTINST_WX") {
-        match v.as_str() {
-            "1" => wordpatch::set_write_mode(wordpatch::WriteMode::Alias),
-            "0" => wordpatch::set_write_mode(wordpatch::WriteMode::InPlace),
-            _ => log::error(format_args!("FASTINST_WX: `{v}` is not 0 or 1; using 0")),
-        }
-    }
     crate::set_strategy(parse_or_warn::<Strategy>("FASTINST_STRATEGY", Strategy::Flip));
-    let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::Profile);
     TOOL.store(tool as u8, Ordering::Relaxed);
     let out = PathBuf::from(env("FASTINST_OUT").unwrap_or_else(|| ".".into()));
     let out = match std::fs::create_dir_all(&out) {
@@ -105,6 +114,12 @@ pub fn start_from_env() {
     let ticks = crate::discovery::init();
     crate::stats::MODULES_TICKS.fetch_add(ticks, Ordering::Relaxed);
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
+    // W^X: chosen before any code page is made writable (reading the
+    // modules makes none). Pages made writable by an earlier start (an
+    // attach before) keep their way.
+    if let Some(m) = write_mode {
+        wordpatch::set_write_mode(m);
+    }
     let t0 = wordpatch::tsc::now();
     let sleds = crate::sled::load();
     if sleds.functions + sleds.points > 0 {

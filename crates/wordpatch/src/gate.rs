@@ -70,12 +70,18 @@ fn thread_pointer() -> usize {
 
 /// Makes stores pass the gate from now on.
 pub(crate) fn enable() {
+    register();
+    ENABLED.store(true, Ordering::SeqCst);
+}
+
+/// Registers for the expedited membarrier that closing the gate uses, once
+/// (a later call waits until the first is done).
+pub(crate) fn register() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let expedited = crate::wait::membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
         EXPEDITED.store(expedited, Ordering::SeqCst);
     });
-    ENABLED.store(true, Ordering::SeqCst);
 }
 
 /// Whether stores pass the gate.

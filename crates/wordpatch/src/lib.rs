@@ -88,3 +88,14 @@ pub fn set_write_mode(mode: WriteMode) {
     }
     mode::set(mode);
 }
+
+/// Does the slow part of [`set_write_mode`]`(mode)` ahead of it, on any
+/// thread, changing nothing else: for [`WriteMode::Alias`], the fork
+/// gate's membarrier registration, which waits out an RCU grace period
+/// once the process has a second thread (milliseconds). A
+/// [`set_write_mode`] after it finds it done, or waits for the rest of it.
+pub fn prepare_write_mode(mode: WriteMode) {
+    if mode == WriteMode::Alias {
+        gate::register();
+    }
+}

@@ -126,8 +126,20 @@ pub(crate) fn close_events() {
 /// timers were reset). Whether the samples are being taken.
 pub(crate) fn start() -> bool {
     if BUF.load(Ordering::Acquire) == 0 {
-        let buf: &'static mut [AtomicU64] = Vec::from_iter((0..CAPACITY).map(|_| AtomicU64::new(0))).leak();
-        BUF.store(buf.as_ptr() as usize, Ordering::Release);
+        // A fresh mapping is zero (each slot an `AtomicU64` of 0) and costs
+        // nothing until a sample lands on its page: written zero by the
+        // program, its 32 MiB faulted in every page, a good part of the
+        // profiler's start.
+        match crate::mapping::map(
+            CAPACITY * std::mem::size_of::<AtomicU64>(),
+            libc::PROT_READ | libc::PROT_WRITE,
+        ) {
+            Ok(buf) => BUF.store(buf, Ordering::Release),
+            Err(e) => {
+                crate::log::warn(format_args!("profile: no memory for CPU samples ({e}); none taken"));
+                return false;
+            }
+        }
     }
     // Events (SIGTRAP) first, the process timer (SIGPROF) where there are
     // none; the handler is installed before the event opens.
@@ -223,23 +235,38 @@ const FLAGS: u64 = 1 << 5 | 1 << 6 | 1 << 36 | 1 << 37;
 const TRAP_PERF: i32 = 6;
 const PERF_FLAG_FD_CLOEXEC: usize = 8;
 
-/// Opens a `cpu-clock` event on the calling thread that sends it
-/// `SIGTRAP` every [`PERIOD_NS`] of its CPU time; whether it did. The
-/// descriptor stays open for the thread's life (its event with it).
-fn open_event() -> bool {
-    let generation = super::profiler::generation();
-    if OPENED.with(|o| o.replace(generation)) == generation {
-        return true;
+/// Opens and closes a counting event that never samples, so that the
+/// thread's own sampling event opens at once later.
+///
+/// Why: while no thread of the whole system has a perf event, the first
+/// to open one waits for the kernel to switch its perf hooks on
+/// (milliseconds), and the kernel keeps them on for a while after the last
+/// event closes. A start (an attach
+/// above all, where every thread competes for the CPUs) paid that inside
+/// [`start`]; done on another thread while the start reads the modules,
+/// it costs the start nothing.
+pub(crate) fn prepare() {
+    // `disabled` (the flags' first bit): it never counts, let alone samples.
+    let fd = open_cpu_clock(0, 0, 1);
+    if fd >= 0 {
+        // SAFETY: the descriptor just opened, owned here alone.
+        unsafe { libc::close(fd as i32) };
     }
+}
+
+/// Opens a CPU-clock event of this thread with the attribute's sample
+/// period, sample type and flags words: its descriptor, or a negative
+/// error.
+fn open_cpu_clock(period: u64, sample_type: u64, flags: u64) -> isize {
     let mut attr = PerfAttr([0; 16]);
     attr.0[0] = PERF_TYPE_SOFTWARE | (128u64 << 32);
     attr.0[1] = PERF_COUNT_SW_CPU_CLOCK;
-    attr.0[2] = PERIOD_NS;
-    attr.0[3] = PERF_SAMPLE_IP;
-    attr.0[5] = FLAGS;
+    attr.0[2] = period;
+    attr.0[3] = sample_type;
+    attr.0[5] = flags;
     // SAFETY: perf_event_open reads `attr` (128 bytes); pid 0 is this
     // thread, cpu -1 any, no group.
-    let fd = unsafe {
+    unsafe {
         crate::arch::cpu::syscall(
             libc::SYS_perf_event_open,
             &attr as *const PerfAttr as usize,
@@ -248,7 +275,18 @@ fn open_event() -> bool {
             usize::MAX,
             PERF_FLAG_FD_CLOEXEC,
         )
-    };
+    }
+}
+
+/// Opens a `cpu-clock` event on the calling thread that sends it
+/// `SIGTRAP` every [`PERIOD_NS`] of its CPU time; whether it did. The
+/// descriptor stays open for the thread's life (its event with it).
+fn open_event() -> bool {
+    let generation = super::profiler::generation();
+    if OPENED.with(|o| o.replace(generation)) == generation {
+        return true;
+    }
+    let fd = open_cpu_clock(PERIOD_NS, PERF_SAMPLE_IP, FLAGS);
     if fd < 0 {
         OPENED.with(|o| o.set(0));
     } else {

@@ -156,10 +156,30 @@ fn discovered(m: &ProbeMeta) {
     if !entry && crate::toggle::follow_entry(m.id) {
         f.exits_follow_entry.store(true, Ordering::Relaxed);
     }
-    if let Err(e) = crate::activate(m.id, if entry { on_entry } else { on_exit }) {
-        crate::log::warn(format_args!("profile: probe {}: {e}", m.id));
+    if let Some(later) = ARM_LATER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        later.push((m.id, entry));
+        return;
+    }
+    arm(m.id, entry);
+}
+
+/// Switches probe `id` on with the profiler's entry or exit handler.
+fn arm(id: crate::probe::ProbeId, entry: bool) {
+    if let Err(e) = crate::activate(id, if entry { on_entry } else { on_exit }) {
+        crate::log::warn(format_args!("profile: probe {id}: {e}"));
     }
 }
+
+/// The probes [`install`] found, to be switched on together once every
+/// function is listed; `None` outside an install (a probe found later is
+/// switched on at once).
+///
+/// Why: switched on as each function was listed, the probes of the first
+/// ones ran in the program's threads while the rest were listed, and in a
+/// running process (an attach) those threads' hooks and the listing shared
+/// the CPUs, the allocator and the functions' records: the listing took
+/// several times longer than with the threads idle.
+static ARM_LATER: std::sync::Mutex<Option<Vec<(crate::probe::ProbeId, bool)>>> = std::sync::Mutex::new(None);
 
 /// Where exit probe `m`'s hook call finds it in the site table (see
 /// `hooks::hook`): by its return address, or for a tail jump by its
@@ -180,6 +200,12 @@ fn exit_slot(m: &ProbeMeta) -> u32 {
 /// gives it (then no return address is taken for its inlined copies').
 fn function_end(f: usize) -> usize {
     sitetable::get(key::extent(f as u64)).map_or(usize::MAX, |size| f + size as usize)
+}
+
+/// What [`install`] will wait for, done ahead on another thread (see
+/// `crate::tools::prepare`).
+pub(crate) fn prepare() {
+    cpusample::prepare();
 }
 
 /// Starts the profiler: the discovery callback, the daemon, the signal. A
@@ -252,7 +278,9 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     }
     // The hooks time themselves (the program clock), and the first epoch
     // starts now.
+    let t0 = tsc::now();
     crate::hookcost::start_clock();
+    let calibrated = tsc::now();
     // A `-finstrument-functions` exit from below the innermost timed call
     // in flight on its thread has nothing to pair with: it returns from the
     // hook at once.
@@ -270,8 +298,27 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
         cpusample::reset();
         cpusample::start();
     }
-    crate::api::listen(discovered)?;
+    let sampling = tsc::now();
+    *ARM_LATER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    let listened = crate::api::listen(discovered);
+    let later = ARM_LATER.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let listed = tsc::now();
+    let armed = later.as_ref().map_or(0, Vec::len);
+    for (id, entry) in later.unwrap_or_default() {
+        arm(id, entry);
+    }
+    listened?;
+    let switched = tsc::now();
     start_sampler();
+    crate::log::debug(format_args!(
+        "profile: started in {} ticks: hooks calibrated {}, CPU samples {}, functions listed {}, {armed} probes on {}, sampler {}",
+        tsc::now().wrapping_sub(t0),
+        calibrated.wrapping_sub(t0),
+        sampling.wrapping_sub(calibrated),
+        listed.wrapping_sub(sampling),
+        switched.wrapping_sub(listed),
+        tsc::now().wrapping_sub(switched)
+    ));
     if signal != 0 {
         // SAFETY: installs a handler that only stores to an atomic.
         unsafe {
