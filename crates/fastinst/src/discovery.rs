@@ -275,10 +275,12 @@ fn is_part_of(holder: &str, f: &str) -> bool {
 }
 
 /// Creates the discovery state now (reads every loaded module's symbols),
-/// so that the first hook call does not pay for it. Returns the ticks spent.
-pub(crate) fn init() -> u64 {
+/// so that the first hook call does not pay for it, and runs `then` before
+/// the discovery lock goes (so before any discovery after it can patch
+/// code). Returns the ticks spent.
+pub(crate) fn init(then: impl FnOnce()) -> u64 {
     let t0 = wordpatch::tsc::now();
-    with_state(|_| ());
+    with_state(|_| then());
     INIT_TICKS.store(wordpatch::tsc::now().wrapping_sub(t0), Ordering::Relaxed);
     INIT_TICKS.load(Ordering::Relaxed)
 }

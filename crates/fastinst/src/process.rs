@@ -111,15 +111,17 @@ pub fn start_from_env() {
     if let Ok(mut o) = OUT.lock() {
         *o = Some(out);
     }
-    let ticks = crate::discovery::init();
+    // W^X: chosen before any code page is made writable: reading the
+    // modules makes none, and the mode is set before the discovery lock
+    // goes, so no discovery makes one first. Pages made writable by an
+    // earlier start (an attach before) keep their way.
+    let ticks = crate::discovery::init(|| {
+        if let Some(m) = write_mode {
+            wordpatch::set_write_mode(m);
+        }
+    });
     crate::stats::MODULES_TICKS.fetch_add(ticks, Ordering::Relaxed);
     log::info(format_args!("modules and symbols read in {ticks} ticks"));
-    // W^X: chosen before any code page is made writable (reading the
-    // modules makes none). Pages made writable by an earlier start (an
-    // attach before) keep their way.
-    if let Some(m) = write_mode {
-        wordpatch::set_write_mode(m);
-    }
     let t0 = wordpatch::tsc::now();
     let sleds = crate::sled::load();
     if sleds.functions + sleds.points > 0 {
