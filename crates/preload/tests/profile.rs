@@ -187,7 +187,19 @@ fn check_accuracy(cc: &str, flag: &str) {
     // than that, within three of its standard deviations: on a loaded
     // machine a 20 us `leaf` now and then runs for milliseconds (its
     // thread preempted), and whether the ~1,200 timed calls caught one or
-    // three such calls moves their mean by 10%.
+    // three such calls moves their mean by 10%. Where the report warns
+    // that the threads waited for a CPU (`cpu_wait_share`), it says the
+    // totals may be off by more than their spread: the waits fall in a few
+    // calls, which a sample of timed calls most often misses (the program,
+    // which times every call, counts them all). There the total may miss
+    // up to the share of the time the threads waited: beside busy loops
+    // on 2 CPUs, `leaf` read low by about that share, far outside its
+    // stated spread.
+    let waited = r
+        .overhead
+        .cpu_wait_share
+        .filter(|&w| w >= fastinst_report::CONTENDED_PERCENT)
+        .map_or(0.0, |w| w / 100.0);
     for (name, want) in [("leaf", t.leaf_total_ms), ("nap", t.nap_total_ms)] {
         let g = f(name);
         let all_timed = g.calls_exact && g.calls_sampled as f64 == g.calls_estimated;
@@ -196,9 +208,13 @@ fn check_accuracy(cc: &str, flag: &str) {
             all_timed,
             "{name}: only a total of timed calls alone has no spread"
         );
-        let tol = (3.0 * g.total_sd / want).max(0.10);
+        let tol = (3.0 * g.total_sd / want).max(0.10).max(waited + 0.05);
         within(
-            &format!("{cc} {name} total ms (+- {:.1})", g.total_sd),
+            &format!(
+                "{cc} {name} total ms (+- {:.1}, threads waited {:.0}%)",
+                g.total_sd,
+                waited * 100.0
+            ),
             g.total_ms,
             want,
             tol,
@@ -237,11 +253,14 @@ fn check_accuracy(cc: &str, flag: &str) {
         r.functions.iter().filter_map(|f| f.self_share).sum::<f64>() + cpu.other.iter().map(|o| o.share).sum::<f64>();
     assert!((shares - 100.0).abs() < 1.0, "the shares sum to {shares:.2}%");
     within(&format!("{cc} leaf p50 us"), f("leaf").p50_us, 20.0, 0.10);
+    // Against the program's mean nap: where the threads waited for a CPU,
+    // some naps end late (their thread woke to a busy CPU), which moves the
+    // mean but not the median: up to the waited share apart.
     within(
         &format!("{cc} nap p50 us"),
         f("nap").p50_us,
         t.nap_total_ms * 1e3 / t.calls["nap"],
-        0.10,
+        (waited + 0.05).max(0.10),
     );
     check_structure(&r);
     // Every report is there and readable.
