@@ -133,8 +133,13 @@ const RUN: usize = 16;
 struct Probes {
     /// The key's code page (its address bits above the page offset).
     page: u64,
-    /// The table page of the block (0 or [`HALF`]) and the home inside it.
+    /// The table page of the block (0 or [`HALF`]).
     half: usize,
+    /// The first slot of that table page in this level's block: the block
+    /// is hashed once a level, not once a slot (look-ups run on the
+    /// `-finstrument-functions` hooks' path).
+    base: usize,
+    /// The key's home inside its table page.
     home: usize,
     /// Which block: 0 for the page's own, then one more each [`RUN`].
     level: u64,
@@ -149,23 +154,31 @@ impl Probes {
         // k >> 55: the space times 128 plus the sub-kind times 2 (bit 55 of a
         // code address is 0), one shift on the hook's path.
         let kind = (k >> 55) as usize;
+        let page = addr >> 12;
+        let half = usize::from(kind >= REGISTRATION) * HALF;
         Probes {
-            page: addr >> 12,
-            half: usize::from(kind >= REGISTRATION) * HALF,
+            page,
+            half,
+            base: Self::block(page, 0) | half,
             home: ((addr >> 4) as usize + kind + (kind >> 1)) & (HALF - 1),
             level: 0,
             step: 0,
         }
     }
 
+    /// The first slot of code page `page`'s block at `level`: level 0 is
+    /// the page's own block; a later level's is the page's hash with the
+    /// level in bits above any page number.
+    #[inline(always)]
+    fn block(page: u64, level: u64) -> usize {
+        let h = (page ^ (level << 45)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((h >> (64 - (BITS - WITHIN))) as usize) << WITHIN
+    }
+
     /// The slot the sequence is at.
     #[inline(always)]
     fn at(&self) -> usize {
-        // Level 0 is the page's own block; a later level's block is the
-        // page's hash with the level in bits above any page number.
-        let h = (self.page ^ (self.level << 45)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let block = (h >> (64 - (BITS - WITHIN))) as usize;
-        (block << WITHIN) | self.half | ((self.home + self.step) & (HALF - 1))
+        self.base | ((self.home + self.step) & (HALF - 1))
     }
 
     /// Moves to the next slot of the sequence.
@@ -175,6 +188,7 @@ impl Probes {
         if self.step == RUN {
             self.step = 0;
             self.level += 1;
+            self.base = Self::block(self.page, self.level) | self.half;
         }
     }
 }
@@ -399,7 +413,7 @@ mod tests {
         // with the three keys registration makes: three times what a
         // page's half block holds. Run on linearly, the keys made one
         // cluster that a look-up of an absent key (a C function's `body`,
-        // a new site's dedupe) walked to its end: 1,000 slots and more.
+        // a new site's dedupe) walked to its end: hundreds of slots.
         let base = 0x4444_0001_0000u64;
         let fs: Vec<u64> = (0..8 * 256u64).map(|i| base + i * 16).collect();
         for &f in &fs {

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// free, and waiters that only spin keep theirs busy for whole time
 /// slices. A profile of the runtime's start inside such a process found the
 /// program's threads spinning on the allocator's lock while the thread
-/// starting the runtime, holding it, waited for a CPU. `sched_yield` is a
-/// plain system call: it allocates nothing and may be made from a signal
-/// handler.
+/// starting the runtime, holding it, waited for a CPU. The yield is the
+/// bare system call (no libc, no `errno`): it allocates nothing and may be
+/// made from a signal handler or the raw sampler thread.
 #[inline]
 pub fn acquire(lock: &AtomicBool) {
     let mut tries = 0u32;
@@ -30,7 +30,7 @@ pub fn acquire(lock: &AtomicBool) {
         } else {
             // SAFETY: `sched_yield` takes no arguments and touches no memory
             // of this process.
-            unsafe { libc::sched_yield() };
+            unsafe { crate::arch::cpu::syscall(libc::SYS_sched_yield, 0, 0, 0, 0, 0) };
         }
     }
 }

@@ -46,9 +46,6 @@ extern "C" fn count_handler(id: ProbeId) {
     }
 }
 
-/// Installs the tool; `out` is where reports go. In a process attached
-/// again after a detach, the tool then chosen starts afresh: the profiler
-/// as a new generation, the counts from zero.
 /// Does what `tool`'s [`install`] will wait for and needs none of the
 /// runtime's state, ahead of it, on another thread (the start's own
 /// runs meanwhile).
@@ -58,6 +55,9 @@ pub(crate) fn prepare(tool: Tool) {
     }
 }
 
+/// Installs the tool; `out` is where reports go. In a process attached
+/// again after a detach, the tool then chosen starts afresh: the profiler
+/// as a new generation, the counts from zero.
 pub fn install(tool: Tool, out: &Path) -> crate::Result<()> {
     match tool {
         Tool::Profile => crate::profile::install(out.to_path_buf()),

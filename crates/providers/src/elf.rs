@@ -43,17 +43,25 @@ impl SymbolTable {
     /// already. A file without section headers is parsed in full by goblin,
     /// which finds its dynamic symbols through the dynamic segment.
     pub fn from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
+        Self::collect(sections, bytes, bias, true)
+    }
+
+    /// [`SymbolTable::from_sections`]'s functions, each with an empty name:
+    /// for a caller after their extents alone (where a module's sleds
+    /// enter their functions). Reading, copying and demangling every name
+    /// was most of the time an attach spent on a module's sites.
+    pub fn extents_from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
+        Self::collect(sections, bytes, bias, false)
+    }
+
+    /// The named function symbols, one per start, each demangled if
+    /// `names`, else nameless.
+    fn collect(sections: &Sections, bytes: &[u8], bias: u64, names: bool) -> Result<Self, ElfError> {
         let mut funcs: Vec<(Function, u8)> = Vec::new();
         each_function(sections, bytes, bias, |start, size, name, rank| {
             if let Some(name) = name() {
-                funcs.push((
-                    Function {
-                        start,
-                        size,
-                        name: name.into_owned(),
-                    },
-                    rank,
-                ))
+                let name = if names { name.into_owned() } else { String::new() };
+                funcs.push((Function { start, size, name }, rank))
             }
         })?;
         // Stable: of the names at one start and rank (code folded by the
@@ -70,32 +78,6 @@ impl SymbolTable {
                     f
                 })
                 .collect(),
-        })
-    }
-
-    /// [`SymbolTable::from_sections`]'s functions, each with an empty name:
-    /// for a caller after their extents alone (where a module's sleds
-    /// enter their functions). Reading, copying and demangling every name
-    /// was most of the time an attach spent on a module's sites.
-    pub fn extents_from_sections(sections: &Sections, bytes: &[u8], bias: u64) -> Result<Self, ElfError> {
-        let mut funcs: Vec<(Function, u8)> = Vec::new();
-        each_function(sections, bytes, bias, |start, size, name, rank| {
-            // The same symbols as `from_sections`: those with a name.
-            if name().is_some() {
-                funcs.push((
-                    Function {
-                        start,
-                        size,
-                        name: String::new(),
-                    },
-                    rank,
-                ))
-            }
-        })?;
-        funcs.sort_by(|a, b| a.0.start.cmp(&b.0.start).then(a.1.cmp(&b.1)));
-        funcs.dedup_by(|later, first| later.0.start == first.0.start);
-        Ok(SymbolTable {
-            funcs: funcs.into_iter().map(|(f, _)| f).collect(),
         })
     }
 
