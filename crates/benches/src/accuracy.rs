@@ -6,21 +6,25 @@
 //!   installed): every symbol's share of the CPU samples, the reference
 //!   for self time;
 //! - the plain build alone, and the instrumented build with every probe off
-//!   (`FASTINST_TOOL=off`): the latter's wall time is the reference for
-//!   `main`'s inclusive time (the profiler cannot take off what compiling
-//!   the hooks in costs);
+//!   (`FASTINST_TOOL=off`);
 //! - the instrumented build under `FASTINST_TOOL=count`: every function's
 //!   exact calls;
 //! - under `FASTINST_TOOL=trace`: every call timed, the reference for
-//!   latency percentiles and thread bodies' inclusive time;
+//!   latency percentiles;
+//! - under the trace again with only the top-level functions probed
+//!   (`main` and the thread bodies the first trace found,
+//!   `FASTINST_FUNCTIONS`): their inclusive times, at the cost of two
+//!   hooks a call (the full trace's hooks lengthen every thread's life,
+//!   and the probes-off run's wall time holds the process's start and
+//!   exit besides `main`);
 //! - under the profiler (the default tool), `runs` times.
 //!
 //! and compares, per function, against the targets:
 //! - calls within ±15% of exact, for every function with at least 1% of
 //!   all calls;
 //! - self share within ±2 points of perf's, for every function above 2%;
-//! - inclusive time of `main` within ±5% of the probes-off run, and of thread
-//!   bodies within ±5% of the trace's;
+//! - inclusive time of `main` and the thread bodies within ±5% of the
+//!   top-level trace's;
 //! - the inclusive time of each function whose calls are checked within
 //!   three of its stated standard deviations of the trace's: whether the
 //!   report's `+-` covers its error (no fixed target: the traced run
@@ -114,8 +118,9 @@ pub struct ShareCheck {
 pub struct InclusiveCheck {
     /// Function.
     pub name: String,
-    /// The reference (ms): the plain run's wall time for `main`, the
-    /// trace's inclusive time for a thread body.
+    /// The reference (ms): the top-level trace's inclusive time (older
+    /// results: the probes-off run's wall time for `main`, the full
+    /// trace's for a thread body).
     pub reference_ms: f64,
     /// What the reference is.
     pub reference: String,
@@ -309,7 +314,7 @@ pub fn measure(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(EvalError::io(&dir))?;
     let plain_run = run_once(&plain.path, args, &[], &dir.join("plain.out"))?;
-    let tool = |name: &str, sub: &str| -> Result<(PathBuf, f64)> {
+    let tool_with = |name: &str, sub: &str, extra: &[(String, String)]| -> Result<(PathBuf, f64)> {
         let out = dir.join(sub);
         std::fs::create_dir_all(&out).map_err(EvalError::io(&out))?;
         let mut env = vec![
@@ -320,6 +325,7 @@ pub fn measure(
         if name == "profile" {
             env.extend(opts.profile_env.iter().cloned());
         }
+        env.extend(extra.iter().cloned());
         let r = run_once(&inst.path, args, &env, &out.join("stdout"))?;
         if r.code != Some(0) {
             return Err(EvalError::Tool(format!(
@@ -337,11 +343,23 @@ pub fn measure(
         }
         Ok((out, r.wall_s))
     };
+    let tool = |name: &str, sub: &str| tool_with(name, sub, &[]);
     let (_, off_s) = tool("off", "off")?;
     let (count_dir, _) = tool("count", "count")?;
     let exact = read_counts(&count_dir)?;
     let (trace_dir, _) = tool("trace", "trace")?;
     let trace = read_report(&trace_dir, "fastinst-trace")?;
+    // The top-level functions' own durations, with only their probes on:
+    // the full trace's hooks lengthen every thread's life, and the probes-
+    // off run's wall time holds the process's start and exit besides main.
+    let top_names = top_level(&trace);
+    let top = if top_names.is_empty() {
+        None
+    } else {
+        let only = [("FASTINST_FUNCTIONS".to_string(), top_names.join(","))];
+        let (d, _) = tool_with("trace", "trace-top", &only)?;
+        Some(read_report(&d, "fastinst-trace")?)
+    };
     let mut profiles = Vec::new();
     let mut walls = Vec::new();
     for i in 0..opts.runs.max(1) {
@@ -354,6 +372,7 @@ pub fn measure(
         inst.compiler.name(),
         &exact,
         &trace,
+        top.as_ref(),
         &profiles,
         perf,
         plain_run.wall_s,
@@ -369,6 +388,7 @@ pub fn compare(
     build: &str,
     exact: &BTreeMap<String, u64>,
     trace: &fastinst::profile::report::Report,
+    top: Option<&fastinst::profile::report::Report>,
     profiles: &[fastinst::profile::report::Report],
     perf: Option<&BTreeMap<String, f64>>,
     plain_s: f64,
@@ -452,39 +472,29 @@ pub fn compare(
     }
 
     let trace_rows = by_name(trace);
-    let mut inclusive = Vec::new();
-    if trace_rows.contains_key("main") {
-        inclusive.push(InclusiveCheck {
-            name: "main".into(),
-            reference_ms: off_s * 1e3,
-            reference: "the build's run with every probe off".into(),
-            profile_ms: runs.iter().map(|r| r.get("main").map_or(0.0, |f| f.total_ms)).collect(),
-        });
-    }
-    // Thread bodies: functions the trace saw called from outside any
-    // instrumented function, other than main, on threads of their own.
-    for e in trace
-        .edges
-        .iter()
-        .filter(|e| e.caller.starts_with('[') && e.callee != "main")
-    {
-        let Some(t) = trace_rows.get(&e.callee) else { continue };
-        if t.threads.len() < 2 && !t.threads.iter().any(|&tid| tid != trace.pid as i32) {
-            continue;
-        }
-        if inclusive.iter().any(|i: &InclusiveCheck| i.name == e.callee) {
-            continue;
-        }
-        inclusive.push(InclusiveCheck {
-            name: e.callee.clone(),
-            reference_ms: t.total_ms,
-            reference: "trace's inclusive time".into(),
-            profile_ms: runs
-                .iter()
-                .map(|r| r.get(&e.callee).map_or(0.0, |f| f.total_ms))
-                .collect(),
-        });
-    }
+    let top_rows = top.map(by_name);
+    let inclusive: Vec<InclusiveCheck> = top_level(trace)
+        .into_iter()
+        .map(|name| {
+            // A top-level trace's figure where there is one; else the
+            // probes-off run's wall time for main, the full trace's for a
+            // thread body.
+            let (reference_ms, reference) = match top_rows.as_ref().and_then(|t| t.get(&name)) {
+                Some(t) => (t.total_ms, "trace of the top-level functions alone"),
+                None if name == "main" => (off_s * 1e3, "the build's run with every probe off"),
+                None => (
+                    trace_rows.get(&name).map_or(0.0, |t| t.total_ms),
+                    "trace's inclusive time",
+                ),
+            };
+            InclusiveCheck {
+                profile_ms: runs.iter().map(|r| r.get(&name).map_or(0.0, |f| f.total_ms)).collect(),
+                name,
+                reference_ms,
+                reference: reference.into(),
+            }
+        })
+        .collect();
 
     let totals: Vec<TotalCheck> = calls
         .iter()
@@ -538,6 +548,31 @@ pub fn compare(
         off_s,
         profile_s,
     }
+}
+
+/// The top-level functions a trace saw: `main`, and the functions called
+/// from outside any instrumented function on threads other than the
+/// process's first (thread bodies), each once.
+pub fn top_level(trace: &fastinst::profile::report::Report) -> Vec<String> {
+    let mut names = Vec::new();
+    if trace.functions.iter().any(|f| f.name == "main") {
+        names.push("main".to_string());
+    }
+    for e in trace
+        .edges
+        .iter()
+        .filter(|e| e.caller.starts_with('[') && e.callee != "main")
+    {
+        let on_other_threads = trace
+            .functions
+            .iter()
+            .filter(|f| f.name == e.callee)
+            .any(|f| f.threads.len() >= 2 || f.threads.iter().any(|&tid| tid != trace.pid as i32));
+        if on_other_threads && !names.contains(&e.callee) {
+            names.push(e.callee.clone());
+        }
+    }
+    names
 }
 
 /// A name without the compiler's clone suffixes (`.constprop.0`,
@@ -782,6 +817,49 @@ mod tests {
         assert!((m["compress"] - 66.666).abs() < 0.01, "{m:?}");
         assert!((m["render"] - 33.333).abs() < 0.01, "{m:?}");
         assert!(!m.contains_key("finish_task_switch"));
+    }
+
+    /// main, and the functions entered from outside any instrumented one on
+    /// a thread other than the first: not a callback the first thread
+    /// enters from uninstrumented code, and each once.
+    #[test]
+    fn top_level_functions_are_main_and_thread_bodies() {
+        use fastinst::profile::report::{EdgeRow, FunctionRow, Report};
+        let f = |name: &str, threads: Vec<i32>| FunctionRow {
+            name: name.into(),
+            threads,
+            ..FunctionRow::default()
+        };
+        let e = |caller: &str, callee: &str| EdgeRow {
+            caller: caller.into(),
+            callee: callee.into(),
+            calls_sampled: 1,
+            calls_estimated: 1.0,
+            total_ms: 1.0,
+        };
+        let trace = Report {
+            pid: 10,
+            functions: vec![
+                f("main", vec![10]),
+                f("worker", vec![11, 12]),
+                f("compare", vec![10]),
+                f("helper", vec![11]),
+            ],
+            edges: vec![
+                e("[root]", "main"),
+                e("[root]", "worker"),
+                e("[root]", "worker"),
+                e("[qsort]", "compare"),
+                e("worker", "helper"),
+            ],
+            ..Report::default()
+        };
+        assert_eq!(top_level(&trace), ["main", "worker"]);
+        let no_main = Report {
+            functions: trace.functions[1..].to_vec(),
+            ..trace.clone()
+        };
+        assert_eq!(top_level(&no_main), ["worker"]);
     }
 
     #[test]
