@@ -95,12 +95,21 @@ pub struct ThreadClock {
     died: AtomicU64,
     /// Its kernel thread id.
     tid: i32,
+    /// Which lane of each sled counter it counts in, as the byte offset of
+    /// that lane (`crate::sled::counter`): threads registered one after
+    /// another count in different lanes, so two threads calling one
+    /// function do not pass its counter's cache line back and forth.
+    lane: u64,
 }
 
 /// Where a thread's [`ThreadClock::fast_calls`] lies in its record: the
 /// counting stub's displacement, which must fit in a byte.
 pub(crate) const FAST_CALLS_OFFSET: u8 = std::mem::offset_of!(ThreadClock, fast_calls) as u8;
 const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_calls) < 128);
+/// Where a thread's counter lane offset lies (the counting stub's
+/// displacement, which must fit in a byte).
+pub(crate) const LANE_OFFSET: u8 = std::mem::offset_of!(ThreadClock, lane) as u8;
+const _: () = assert!(std::mem::offset_of!(ThreadClock, lane) < 128);
 /// Where a thread's [`ThreadClock::fast_exits`] lies (a byte displacement
 /// of the exit hook's cheap path).
 pub(crate) const FAST_EXITS_OFFSET: u8 = std::mem::offset_of!(ThreadClock, fast_exits) as u8;
@@ -151,6 +160,12 @@ impl ThreadClock {
     #[inline(always)]
     pub fn fast_calls(&self) -> u64 {
         self.fast_calls.load(Ordering::Relaxed)
+    }
+
+    /// The lane of each sled counter this thread counts in.
+    #[inline(always)]
+    pub(crate) fn lane(&self) -> usize {
+        crate::sled::counter::lane_index(self.lane)
     }
 
     /// Clocked hooks this thread has run so far.
@@ -285,7 +300,7 @@ impl Drop for ExitMark {
 #[cold]
 fn register(now: u64) -> Option<&'static ThreadClock> {
     crate::spin::acquire(&PUSH);
-    let rec = THREADS.push_with(|_| ThreadClock {
+    let rec = THREADS.push_with(|i| ThreadClock {
         hook_ticks: AtomicU64::new(0),
         fast_calls: AtomicU64::new(0),
         fast_exits: AtomicU64::new(0),
@@ -300,6 +315,7 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
         died: AtomicU64::new(0),
         // SAFETY: gettid has no preconditions.
         tid: unsafe { libc::gettid() },
+        lane: crate::sled::counter::lane_offset(i),
     });
     crate::spin::release(&PUSH);
     let (_, rec) = rec?;

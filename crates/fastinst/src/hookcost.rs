@@ -118,7 +118,7 @@ pub fn counting_cost(rounds: usize, n: u64) -> Option<f64> {
     let id = crate::sled::shadow::CALIBRATION_ID;
     let (on, off, counter) = crate::sled::trampoline::calibration_functions(id.get(), true)?;
     // Armed, with no call ever drawn: every call takes the counting path.
-    counter?.arm(0, u64::MAX / 2);
+    counter?.arm(0, || u64::MAX / 2);
     least_unseen(rounds, |counting| {
         let before = current().map_or(0, |c| c.fast_calls());
         let (wall, _, _) = call_loop(if counting { on } else { off }, n);

@@ -212,12 +212,12 @@ impl Func {
         let mut state = super::choose::seed(draw);
         self.for_each_counter(|c| {
             from += match chance {
-                Some(j) => c.arm(j, super::choose::gap(j, super::choose::draw(&mut state))),
+                Some(j) => c.arm(j, || super::choose::gap(j, super::choose::draw(&mut state))),
                 // No call is ever sent on: none is drawn, and a call sent
                 // on would find no window to claim it in, so `next` would
                 // stay behind and every later call would run the full hook
                 // and be counted twice.
-                None => c.arm(0, NEVER),
+                None => c.arm(0, || NEVER),
             }
         });
         self.window.counted_from.store(from, Ordering::Relaxed);

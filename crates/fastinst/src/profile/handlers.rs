@@ -128,7 +128,10 @@ pub(super) extern "C" fn on_entry(id: ProbeId) {
     // it claims the draw, and draws the next.
     let claim = |c: &Counter| {
         let j = f.chance.load(Ordering::Relaxed);
-        next_draw().and_then(|r| c.claim(j, choose::gap(j, r)))
+        // In the lane its stub counted it in: its thread's (which had a
+        // clock unless this hook just made one; such a call claims nothing).
+        let lane = crate::clock::current().map_or(0, |k| k.lane());
+        next_draw().and_then(|r| c.claim(lane, j, choose::gap(j, r)))
     };
     let timed = match f.window.kind() {
         Kind::Whole => count_whole(p, f, fi, id).and_then(by_draw),

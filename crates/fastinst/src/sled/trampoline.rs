@@ -39,7 +39,7 @@ use super::shadow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes per stub: room for the counting path.
-pub(crate) const STUB_LEN: usize = 80;
+pub(crate) const STUB_LEN: usize = 96;
 /// Bytes at the start of a stub area before the first stub (the slot).
 pub(crate) const AREA_HEADER: usize = 16;
 
@@ -137,46 +137,53 @@ fn put_rel(b: &mut [u8; STUB_LEN], at: usize, rip: usize, target: usize) {
 /// `fs:[clock]`, and the slot at `slot`:
 ///
 /// ```text
-///  0  cmp qword [rip+next], 0      ; disarmed:
+///  0  cmp qword [rip+next], 0      ; lane 0's: disarmed,
 ///  8  je tail                      ;   the full hook
 /// 10  push rax
-/// 11  mov eax, 1
-/// 16  lock xadd [rip+calls], rax   ; rax: this call's index
-/// 25  cmp rax, [rip+next]
-/// 32  jae pop_tail                 ; the drawn call (or a racer)
-/// 34  mov rax, fs:[clock]          ; this thread's ThreadClock
-/// 43  test rax, rax
-/// 46  jz pop_tail                  ; none yet: the hook makes one
-/// 48  inc qword [rax+fast_calls]
-/// 52  pop rax
-/// 53  ret
-/// 54  pop rax                      ; pop_tail
-/// 55  push id; jmp [rip+slot]      ; tail
+/// 11  push rcx
+/// 12  mov rcx, fs:[clock]          ; this thread's ThreadClock
+/// 21  test rcx, rcx
+/// 24  jz no_clock
+/// 26  inc qword [rcx+fast_calls]   ; a drawn call is charged it too
+/// 30  mov rcx, [rcx+lane]          ; this thread's lane...
+/// 34  lea rax, [rip+counter]
+/// 41  add rcx, rax                 ; ...in this counter
+/// 44  mov eax, 1
+/// 49  lock xadd [rcx+8], rax       ; rax: this call's index in its lane
+/// 55  cmp rax, [rcx]
+/// 58  jae pop_tail                 ; the drawn call (or a racer)
+/// 60  pop rcx; pop rax
+/// 62  ret
+/// 63  lock inc qword [rip+calls]   ; no_clock: lane 0; the hook makes one
+/// 71  pop rcx; pop rax             ; pop_tail
+/// 73  push id; jmp [rip+slot]      ; tail
 /// ```
 pub(crate) fn counting_stub_bytes(id: u32, stub: usize, slot: usize, counter: usize, clock: i32) -> [u8; STUB_LEN] {
-    let (next, calls) = (counter, counter + 8);
     let mut b = [0xCC; STUB_LEN];
     b[0..3].copy_from_slice(&[0x48, 0x83, 0x3D]);
-    put_rel(&mut b, 3, stub + 8, next);
+    put_rel(&mut b, 3, stub + 8, counter);
     b[7] = 0x00;
-    b[8..10].copy_from_slice(&[0x74, 55 - 10]);
-    b[10] = 0x50;
-    b[11..16].copy_from_slice(&[0xB8, 1, 0, 0, 0]);
-    b[16..21].copy_from_slice(&[0xF0, 0x48, 0x0F, 0xC1, 0x05]);
-    put_rel(&mut b, 21, stub + 25, calls);
-    b[25..28].copy_from_slice(&[0x48, 0x3B, 0x05]);
-    put_rel(&mut b, 28, stub + 32, next);
-    b[32..34].copy_from_slice(&[0x73, 54 - 34]);
-    b[34..39].copy_from_slice(&[0x64, 0x48, 0x8B, 0x04, 0x25]);
-    b[39..43].copy_from_slice(&clock.to_le_bytes());
-    b[43..46].copy_from_slice(&[0x48, 0x85, 0xC0]);
-    b[46..48].copy_from_slice(&[0x74, 54 - 48]);
-    b[48..52].copy_from_slice(&[0x48, 0xFF, 0x40, crate::clock::FAST_CALLS_OFFSET]);
-    b[52] = 0x58;
-    b[53] = 0xC3;
-    b[54] = 0x58;
-    let end = put_tail(&mut b, 55, id, stub, slot);
-    debug_assert_eq!(end, 66);
+    b[8..10].copy_from_slice(&[0x74, 73 - 10]);
+    b[10..12].copy_from_slice(&[0x50, 0x51]);
+    b[12..17].copy_from_slice(&[0x64, 0x48, 0x8B, 0x0C, 0x25]);
+    b[17..21].copy_from_slice(&clock.to_le_bytes());
+    b[21..24].copy_from_slice(&[0x48, 0x85, 0xC9]);
+    b[24..26].copy_from_slice(&[0x74, 63 - 26]);
+    b[26..30].copy_from_slice(&[0x48, 0xFF, 0x41, crate::clock::FAST_CALLS_OFFSET]);
+    b[30..34].copy_from_slice(&[0x48, 0x8B, 0x49, crate::clock::LANE_OFFSET]);
+    b[34..37].copy_from_slice(&[0x48, 0x8D, 0x05]);
+    put_rel(&mut b, 37, stub + 41, counter);
+    b[41..44].copy_from_slice(&[0x48, 0x01, 0xC1]);
+    b[44..49].copy_from_slice(&[0xB8, 1, 0, 0, 0]);
+    b[49..55].copy_from_slice(&[0xF0, 0x48, 0x0F, 0xC1, 0x41, 0x08]);
+    b[55..58].copy_from_slice(&[0x48, 0x3B, 0x01]);
+    b[58..60].copy_from_slice(&[0x73, 71 - 60]);
+    b[60..63].copy_from_slice(&[0x59, 0x58, 0xC3]);
+    b[63..67].copy_from_slice(&[0xF0, 0x48, 0xFF, 0x05]);
+    put_rel(&mut b, 67, stub + 71, counter + 8);
+    b[71..73].copy_from_slice(&[0x59, 0x58]);
+    let end = put_tail(&mut b, 73, id, stub, slot);
+    debug_assert_eq!(end, 84);
     b
 }
 
@@ -299,7 +306,7 @@ mod tests {
     }
 
     /// The counting path run for real: armed, it counts every call and
-    /// charges the thread one fast call for each it keeps; from the drawn
+    /// charges the thread one fast call for each; from the drawn
     /// call on (no handler here claims it, so `next` stays) every call
     /// goes on to the full hook; disarmed, every call does and none is
     /// counted.
@@ -317,12 +324,14 @@ mod tests {
             let clock = crate::clock::current().expect("the hook made this thread's clock");
             assert_eq!(counter.calls(), 0, "disarmed: not counted");
             let (h0, f0) = (clock.hooks(), clock.fast_calls());
-            let from = counter.arm(0, 10);
+            let from = counter.arm(0, || 10);
             for _ in 0..100 {
                 call();
             }
             assert_eq!(counter.calls() - from, 100);
-            assert_eq!(clock.fast_calls() - f0, 9, "the nine before the drawn call");
+            // Each is charged the path, the ones sent on as well (their
+            // hooks' stamps begin after it).
+            assert_eq!(clock.fast_calls() - f0, 100);
             // The calibration id's exit is watched: two hooks a call.
             assert_eq!(clock.hooks() - h0, 2 * 91);
             counter.disarm();
@@ -334,5 +343,56 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// Threads calling one counting stub at once, each in its lane: every
+    /// call is counted once, in the counter and in its own thread's fast
+    /// calls, and the threads that got their clocks one after another
+    /// count in different lanes.
+    #[test]
+    fn concurrent_callers_count_every_call_in_their_own_lanes() {
+        const THREADS: usize = 4;
+        const CALLS: u64 = 200_000;
+        crate::clock::set_clocked(true);
+        let id = shadow::CALIBRATION_ID.get();
+        let (on, _, counter) = calibration_functions(id, true).expect("a page near enough");
+        let counter = counter.expect("a counting stub");
+        // SAFETY: as in the test above: a call to the stub and a return.
+        let call = move || unsafe { crate::arch::stubs::call_address(on) };
+        // Each thread's first call, disarmed, runs the hook that makes its
+        // clock; then all count together.
+        let ready = std::sync::Barrier::new(THREADS + 1);
+        let armed = std::sync::Barrier::new(THREADS + 1);
+        let lanes = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        call();
+                        let clock = crate::clock::current().expect("the hook made this thread's clock");
+                        ready.wait();
+                        armed.wait();
+                        let f0 = clock.fast_calls();
+                        for _ in 0..CALLS {
+                            call();
+                        }
+                        assert_eq!(clock.fast_calls() - f0, CALLS, "every call took the counting path");
+                        clock.lane()
+                    })
+                })
+                .collect();
+            ready.wait();
+            let from = counter.arm(0, || u64::MAX / 2);
+            armed.wait();
+            let lanes: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            assert_eq!(counter.calls() - from, THREADS as u64 * CALLS);
+            counter.disarm();
+            lanes
+        });
+        let mut distinct = lanes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // Other tests' threads may have taken clocks between these
+        // threads', so consecutive is not guaranteed; most are apart.
+        assert!(distinct.len() >= 2, "lanes {lanes:?}");
     }
 }
