@@ -182,8 +182,33 @@ pub(crate) struct Estimate {
     /// about every 8): how bursty the function is at a window's scale.
     mean_n: f64,
     mark: f64,
+    /// Calls counted while whole since it last went whole (or since the
+    /// start): see [`stretched_past`].
+    pub whole_calls: u64,
     /// Windows folded over the run.
     pub windows_total: u64,
+}
+
+/// Calls a whole function must have had, since it went whole, before its
+/// [`stretch`]ed count alone may make it windowed. The stretch undoes a
+/// lasting slowing of the program by the profiler; one epoch's is no
+/// evidence of that: the epoch in which a program's threads start runs
+/// mostly hooks (each thread's first, the run's whole counts), and a
+/// thread body called once on each of four threads there read as sixty
+/// calls an epoch and went windowed, its 4 calls then estimated. A
+/// function called a call or two an epoch under a lasting slowing passes
+/// this in a few tens of epochs.
+pub const STRETCH_AFTER_CALLS: u64 = 2 * WINDOWED_ABOVE as u64;
+
+/// Whether a whole function whose epoch held `n` calls, [`stretch`]ed by
+/// `stretch`, goes windowed against the threshold `above`
+/// ([`WINDOWED_ABOVE`] scaled to the epoch): at once where its own count
+/// passes it; by the stretch once it has had [`STRETCH_AFTER_CALLS`]
+/// calls while whole (`whole_calls`, which this adds `n` to).
+pub fn stretched_past(n: u64, stretch: f64, above: f64, whole_calls: &mut u64) -> bool {
+    *whole_calls = whole_calls.saturating_add(n);
+    let n = n as f64;
+    n > above || (n * stretch > above && *whole_calls >= STRETCH_AFTER_CALLS)
 }
 
 impl Default for Window {
@@ -570,6 +595,24 @@ mod tests {
         assert!(est < 100.0, "{est}");
         let gap_at_guess = 3.2e-3 * (1_100_000.0 - 20_000.0);
         assert!(sd >= 0.9 * gap_at_guess, "{sd} vs {gap_at_guess}");
+    }
+
+    /// A thread body called once on each of four threads, in an epoch
+    /// the threads' start slowed twentyfold, stays whole; a function
+    /// called a call or two an epoch under a lasting slowing goes windowed
+    /// once it has had enough calls; one past the threshold by its own
+    /// count goes at once.
+    #[test]
+    fn only_a_lasting_stretch_makes_a_whole_function_windowed() {
+        let mut k = 0;
+        assert!(!stretched_past(4, 20.0, WINDOWED_ABOVE, &mut k));
+        assert!(!stretched_past(0, 20.0, WINDOWED_ABOVE, &mut k));
+        let epochs = (1..100)
+            .find(|_| stretched_past(2, 50.0, WINDOWED_ABOVE, &mut k))
+            .unwrap();
+        assert_eq!(4 + 2 * epochs, STRETCH_AFTER_CALLS);
+        let mut k = 0;
+        assert!(stretched_past(17, 1.0, WINDOWED_ABOVE, &mut k));
     }
 
     #[test]
