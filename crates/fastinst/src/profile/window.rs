@@ -182,14 +182,12 @@ pub(crate) struct Estimate {
     /// about every 8): how bursty the function is at a window's scale.
     mean_n: f64,
     mark: f64,
-    /// Calls counted while whole since it last went whole (or since the
-    /// start): see [`stretched_past`].
-    pub whole_calls: u64,
     /// Windows folded over the run.
     pub windows_total: u64,
 }
 
-/// Calls a whole function must have had, since it went whole, before its
+/// Calls a function must have been counted exactly (in its whole epochs,
+/// [`Estimate::counted`]) before its
 /// [`stretch`]ed count alone may make it windowed. The stretch undoes a
 /// lasting slowing of the program by the profiler; one epoch's is no
 /// evidence of that: the epoch in which a program's threads start runs
@@ -203,12 +201,11 @@ pub const STRETCH_AFTER_CALLS: u64 = 2 * WINDOWED_ABOVE as u64;
 /// Whether a whole function whose epoch held `n` calls, [`stretch`]ed by
 /// `stretch`, goes windowed against the threshold `above`
 /// ([`WINDOWED_ABOVE`] scaled to the epoch): at once where its own count
-/// passes it; by the stretch once it has had [`STRETCH_AFTER_CALLS`]
-/// calls while whole (`whole_calls`, which this adds `n` to).
-pub fn stretched_past(n: u64, stretch: f64, above: f64, whole_calls: &mut u64) -> bool {
-    *whole_calls = whole_calls.saturating_add(n);
+/// passes it; by the stretch once `counted` (its exact calls so far, this
+/// epoch's among them) reaches [`STRETCH_AFTER_CALLS`].
+pub fn stretched_past(n: u64, stretch: f64, above: f64, counted: f64) -> bool {
     let n = n as f64;
-    n > above || (n * stretch > above && *whole_calls >= STRETCH_AFTER_CALLS)
+    n > above || (n * stretch > above && counted >= STRETCH_AFTER_CALLS as f64)
 }
 
 impl Default for Window {
@@ -604,15 +601,17 @@ mod tests {
     /// count goes at once.
     #[test]
     fn only_a_lasting_stretch_makes_a_whole_function_windowed() {
-        let mut k = 0;
-        assert!(!stretched_past(4, 20.0, WINDOWED_ABOVE, &mut k));
-        assert!(!stretched_past(0, 20.0, WINDOWED_ABOVE, &mut k));
+        assert!(!stretched_past(4, 20.0, WINDOWED_ABOVE, 4.0));
+        assert!(!stretched_past(0, 20.0, WINDOWED_ABOVE, 4.0));
+        let mut counted = 4.0;
         let epochs = (1..100)
-            .find(|_| stretched_past(2, 50.0, WINDOWED_ABOVE, &mut k))
+            .find(|_| {
+                counted += 2.0;
+                stretched_past(2, 50.0, WINDOWED_ABOVE, counted)
+            })
             .unwrap();
         assert_eq!(4 + 2 * epochs, STRETCH_AFTER_CALLS);
-        let mut k = 0;
-        assert!(stretched_past(17, 1.0, WINDOWED_ABOVE, &mut k));
+        assert!(stretched_past(17, 1.0, WINDOWED_ABOVE, 17.0));
     }
 
     #[test]
