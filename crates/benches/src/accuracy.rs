@@ -3,8 +3,9 @@
 //!
 //! For each program and build it runs, on the same workload:
 //! - the plain build under `perf record -e cpu-clock` (when perf is
-//!   installed): every symbol's share of the CPU samples, the reference
-//!   for self time;
+//!   installed), several times ([`crate::perf`]): every function's share of
+//!   the CPU samples, the reference for self time, and how far it moves
+//!   between runs of the plain build alone;
 //! - the plain build alone, and the instrumented build with every probe off
 //!   (`FASTINST_TOOL=off`);
 //! - the instrumented build under `FASTINST_TOOL=count`: every function's
@@ -34,12 +35,12 @@
 
 use crate::error::{EvalError, Result};
 use crate::measure::run_once;
+use crate::perf::{PerfShares, SelfReferences};
 use crate::programs::{Binary, Program};
 use fastinst::profile::report::Range;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The targets.
 pub const CALLS_TOLERANCE: f64 = 0.15;
@@ -107,8 +108,16 @@ pub struct CallCheck {
 pub struct ShareCheck {
     /// Function.
     pub name: String,
-    /// perf's share of the plain build's samples (percent).
+    /// perf's share of the plain build's samples (percent), the mean over
+    /// its runs.
     pub perf: f64,
+    /// perf's share in each run of the plain build (older results: none).
+    #[serde(default)]
+    pub perf_runs: Vec<f64>,
+    /// perf's share of the instrumented build's samples with every probe
+    /// off (mean over its runs; older results: none).
+    #[serde(default)]
+    pub off: Option<f64>,
     /// The profile's share, per run (percent).
     pub profile: Vec<f64>,
 }
@@ -186,13 +195,43 @@ impl Config {
         }))
     }
 
-    /// Self shares within target.
+    /// Self shares within target of the plain build's, for functions above
+    /// the floor there.
     pub fn shares_tally(&self) -> Tally {
+        tally(
+            self.plain_shares()
+                .flat_map(|s| s.profile.iter().map(move |&x| (x - s.perf).abs() <= SELF_TOLERANCE_PP)),
+        )
+    }
+
+    /// Self shares within target of the probes-off run's, for functions
+    /// above the floor there.
+    pub fn shares_off_tally(&self) -> Tally {
         tally(
             self.shares
                 .iter()
-                .flat_map(|s| s.profile.iter().map(move |&x| (x - s.perf).abs() <= SELF_TOLERANCE_PP)),
+                .filter_map(|s| s.off.map(|o| (s, o)))
+                .filter(|&(_, o)| o >= SELF_FLOOR_PCT)
+                .flat_map(|(s, o)| s.profile.iter().map(move |&x| (x - o).abs() <= SELF_TOLERANCE_PP)),
         )
+    }
+
+    fn plain_shares(&self) -> impl Iterator<Item = &ShareCheck> {
+        self.shares.iter().filter(|s| s.perf >= SELF_FLOOR_PCT)
+    }
+
+    /// Self shares within target of the nearest of the plain build's own
+    /// runs: within 2 points of the range its perf runs span.
+    pub fn shares_spread_tally(&self) -> Tally {
+        tally(self.plain_shares().flat_map(|s| {
+            let (lo, hi) = s
+                .perf_runs
+                .iter()
+                .fold((s.perf, s.perf), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            s.profile
+                .iter()
+                .map(move |&x| x >= lo - SELF_TOLERANCE_PP && x <= hi + SELF_TOLERANCE_PP)
+        }))
     }
 
     /// Inclusive times within target.
@@ -267,8 +306,7 @@ impl Config {
 
     /// The largest self-share difference (points).
     pub fn worst_share_pp(&self) -> f64 {
-        self.shares
-            .iter()
+        self.plain_shares()
             .flat_map(|s| s.profile.iter().map(move |&x| (x - s.perf).abs()))
             .fold(0.0, f64::max)
     }
@@ -305,7 +343,7 @@ pub fn measure(
     plain: &Binary,
     inst: &Binary,
     args: &[String],
-    perf: Option<&BTreeMap<String, f64>>,
+    perf: Option<&SelfReferences>,
 ) -> Result<Config> {
     let dir = opts
         .work
@@ -390,7 +428,7 @@ pub fn compare(
     trace: &fastinst::profile::report::Report,
     top: Option<&fastinst::profile::report::Report>,
     profiles: &[fastinst::profile::report::Report],
-    perf: Option<&BTreeMap<String, f64>>,
+    perf: Option<&SelfReferences>,
     plain_s: f64,
     off_s: f64,
     profile_s: f64,
@@ -448,23 +486,34 @@ pub fn compare(
             .map(|r| {
                 let mut m: BTreeMap<String, f64> = BTreeMap::new();
                 for f in &r.functions {
-                    *m.entry(base_name(&f.name)).or_default() += f.self_share.unwrap_or(0.0);
+                    *m.entry(perf.plain.aliases.canonical(&f.name)).or_default() += f.self_share.unwrap_or(0.0);
                 }
                 if let Some(cpu) = &r.cpu {
                     for o in &cpu.other {
-                        *m.entry(base_name(&o.name)).or_default() += o.share;
+                        *m.entry(perf.plain.aliases.canonical(&o.name)).or_default() += o.share;
                     }
                 }
                 m
             })
             .collect();
-        for (name, &pct) in perf {
-            if pct < SELF_FLOOR_PCT {
-                continue;
-            }
+        let plain = perf.plain.mean();
+        let off = perf.off.as_ref().map(PerfShares::mean);
+        let mut names: Vec<&String> = plain
+            .iter()
+            .filter(|(_, &p)| p >= SELF_FLOOR_PCT)
+            .map(|(n, _)| n)
+            .collect();
+        if let Some(off) = &off {
+            names.extend(off.iter().filter(|(_, &p)| p >= SELF_FLOOR_PCT).map(|(n, _)| n));
+        }
+        names.sort();
+        names.dedup();
+        for name in names {
             shares.push(ShareCheck {
                 name: name.clone(),
-                perf: pct,
+                perf: plain.get(name).copied().unwrap_or(0.0),
+                perf_runs: perf.plain.of(name),
+                off: off.as_ref().map(|o| o.get(name).copied().unwrap_or(0.0)),
                 profile: share_maps.iter().map(|m| m.get(name).copied().unwrap_or(0.0)).collect(),
             });
         }
@@ -575,13 +624,6 @@ pub fn top_level(trace: &fastinst::profile::report::Report) -> Vec<String> {
     names
 }
 
-/// A name without the compiler's clone suffixes (`.constprop.0`,
-/// `.isra.0`, `.part.0`, `.cold`), which perf and the profile may give a
-/// function differently.
-pub fn base_name(n: &str) -> String {
-    n.split('.').next().unwrap_or(n).to_string()
-}
-
 /// The count tool's exact calls, by function.
 pub fn read_counts(dir: &Path) -> Result<BTreeMap<String, u64>> {
     let file = find(dir, "fastinst-count.", ".txt")?;
@@ -627,71 +669,6 @@ fn find(dir: &Path, prefix: &str, suffix: &str) -> Result<PathBuf> {
         .ok_or_else(|| EvalError::Tool(format!("no {prefix}*{suffix} in {}", dir.display())))
 }
 
-/// Whether perf can record here.
-pub fn perf_available() -> bool {
-    Command::new("perf")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// perf's self shares (percent of samples, by symbol, clone suffixes
-/// merged) of a run of `bin args`, recorded with `cpu-clock`.
-pub fn perf_shares(work: &Path, bin: &Path, args: &[String]) -> Result<BTreeMap<String, f64>> {
-    let data = work.join(format!(
-        "{}.perf.data",
-        bin.file_name().and_then(|n| n.to_str()).unwrap_or("run")
-    ));
-    let rec = Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "-o"])
-        .arg(&data)
-        .arg("--")
-        .arg(bin)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| EvalError::Tool(format!("perf record: {e}")))?;
-    if !rec.success() {
-        return Err(EvalError::Tool(format!("perf record of {} failed", bin.display())));
-    }
-    let out = Command::new("perf")
-        .args(["report", "--stdio", "--no-children", "--sort", "sym", "-q", "-i"])
-        .arg(&data)
-        .output()
-        .map_err(|e| EvalError::Tool(format!("perf report: {e}")))?;
-    Ok(parse_perf_report(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// Parses `perf report --stdio --sort sym -q` lines (`  95.53%  [.] compress`);
-/// kernel symbols (`[k]`) are left out, as they are from the profile.
-pub fn parse_perf_report(text: &str) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    let mut kernel = 0.0;
-    for line in text.lines() {
-        let line = line.trim();
-        let Some((pct, rest)) = line.split_once('%') else {
-            continue;
-        };
-        let Ok(pct) = pct.trim().parse::<f64>() else { continue };
-        let rest = rest.trim();
-        if let Some(sym) = rest.strip_prefix("[.]") {
-            *m.entry(base_name(sym.trim())).or_default() += pct;
-        } else if rest.starts_with("[k]") {
-            kernel += pct;
-        }
-    }
-    // Shares of the user-space samples, as the profile's are of the
-    // program's (its handler runs in user space).
-    let user = 100.0 - kernel;
-    if user > 0.0 {
-        for v in m.values_mut() {
-            *v *= 100.0 / user;
-        }
-    }
-    m
-}
-
 /// Whether a profile's range `r` agrees with the trace's figure `x`,
 /// whose own range (if it has one) is `traced`: the two ranges meet.
 fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
@@ -705,16 +682,18 @@ fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | worst pp | inclusive ±5% | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
             c.calls_geomean(),
             c.shares_tally(),
+            c.shares_spread_tally(),
+            c.shares_off_tally(),
             c.worst_share_pp(),
             c.inclusive_tally(),
             c.totals_tally(),
@@ -754,10 +733,20 @@ pub fn render_detail(c: &Config) -> String {
         ));
     }
     if !c.shares.is_empty() {
-        s.push_str("\nself share (profile vs perf, percent):\n\n");
+        s.push_str(
+            "\nself share (profile vs perf's mean over the plain build's runs (each run), and over the probes-off runs, percent):\n\n",
+        );
         for k in &c.shares {
             let v: Vec<String> = k.profile.iter().map(|x| format!("{x:.1}")).collect();
-            s.push_str(&format!("- {}: {} vs {:.1}\n", k.name, v.join(" "), k.perf));
+            let r: Vec<String> = k.perf_runs.iter().map(|x| format!("{x:.1}")).collect();
+            let off = k.off.map_or(String::new(), |o| format!(", off {o:.1}"));
+            s.push_str(&format!(
+                "- {}: {} vs {:.1} ({}){off}\n",
+                k.name,
+                v.join(" "),
+                k.perf,
+                r.join(" ")
+            ));
         }
     }
     s.push_str("\ninclusive (ms):\n\n");
@@ -809,15 +798,6 @@ pub fn render_detail(c: &Config) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn perf_lines_parse_into_user_shares() {
-        let text = "    50.00%  [.] compress\n    25.00%  [.] render.constprop.0\n    25.00%  [k] finish_task_switch\n";
-        let m = parse_perf_report(text);
-        assert!((m["compress"] - 66.666).abs() < 0.01, "{m:?}");
-        assert!((m["render"] - 33.333).abs() < 0.01, "{m:?}");
-        assert!(!m.contains_key("finish_task_switch"));
-    }
 
     /// main, and the functions entered from outside any instrumented one on
     /// a thread other than the first: not a callback the first thread

@@ -31,6 +31,7 @@
 //! operations (`benches/inactive.rs`).
 
 pub mod accuracy;
+pub mod aliases;
 pub mod cachesim;
 pub mod driver;
 pub mod error;
@@ -39,6 +40,7 @@ pub mod fig10;
 pub mod fig11;
 pub mod inactive;
 pub mod measure;
+pub mod perf;
 pub mod plot;
 pub mod programs;
 pub mod shares;

@@ -2,6 +2,7 @@
 //! references on real programs. See `fastinst_benches::accuracy`.
 
 use fastinst_benches::accuracy::{self, Options};
+use fastinst_benches::perf::{PerfShares, SelfReferences};
 use fastinst_benches::programs::{build_all, installed, work_dir, Program, UPSTREAM_PROGRAMS};
 use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
 use std::collections::BTreeMap;
@@ -16,7 +17,10 @@ the trace tool (every call timed) and the latency profiler, and its plain
 build alone and under perf (CPU samples), on the same workload; prints,
 per program and build, how many of the profiler's numbers are within the
 targets: calls ±15% of exact (functions with >= 1% of calls), self share
-±2 points of perf's (functions above 2%), inclusive time of main and
+±2 points of perf's mean over 3 runs of the plain build (functions above
+2%; a second column allows the plain runs' own range, a third compares
+with the instrumented build's probes-off runs, whose functions are the
+profiled ones where -finstrument-functions changed the inlining), inclusive time of main and
 thread bodies ±5%, p50 and p99 ±10% of the trace (functions of >= 1 us).
 Programs: bzip2, quickjs, sqlite, lua, zstd (sources from crates.io; the
 default) and demo (fastinst's bundled example).
@@ -76,7 +80,7 @@ fn run(a: Args) -> Result<()> {
     let compilers = installed(&a.common.compilers, "its builds are left out");
     let srcs = sources::fetch(&work)?;
     let bins = build_all(&work, &srcs, &a.common.programs, &compilers)?;
-    let perf = accuracy::perf_available();
+    let perf = fastinst_benches::perf::available();
     if !perf {
         eprintln!("perf not found: self shares are not checked (Debian: apt-get install linux-perf)");
     }
@@ -87,7 +91,7 @@ fn run(a: Args) -> Result<()> {
         profile_env: a.env.clone(),
     };
     let mut configs = Vec::new();
-    let mut perf_by_plain: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut perf_by_plain: BTreeMap<String, PerfShares> = BTreeMap::new();
     for &p in &a.common.programs {
         let args = p.workload_repeated(&work, a.common.repeat)?;
         for &c in &compilers {
@@ -99,15 +103,22 @@ fn run(a: Args) -> Result<()> {
             let plain = find(false);
             let key = plain.path.display().to_string();
             if perf && !perf_by_plain.contains_key(&key) {
-                match accuracy::perf_shares(&work, &plain.path, &args) {
+                match PerfShares::record(&work, &plain.path, &args) {
                     Ok(m) => {
                         perf_by_plain.insert(key.clone(), m);
                     }
                     Err(e) => eprintln!("{e}: self shares of {} are not checked", p.name()),
                 }
             }
+            let inst = find(true);
+            let refs = perf_by_plain.get(&key).map(|plain| SelfReferences {
+                plain: plain.clone(),
+                off: PerfShares::record_off(&work, &inst.path, &args, &opts.lib)
+                    .map_err(|e| eprintln!("{e}: the probes-off shares of {} are left out", p.name()))
+                    .ok(),
+            });
             eprintln!("measuring {} {}", p.name(), c.name());
-            let cfg = accuracy::measure(&opts, plain, find(true), &args, perf_by_plain.get(&key))?;
+            let cfg = accuracy::measure(&opts, plain, inst, &args, refs.as_ref())?;
             if a.detail {
                 eprint!("{}", accuracy::render_detail(&cfg));
             }
