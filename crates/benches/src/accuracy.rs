@@ -14,8 +14,8 @@
 //!   latency percentiles;
 //! - under the trace again with only the top-level functions probed
 //!   (`main` and the thread bodies the first trace found,
-//!   `FASTINST_FUNCTIONS`): their inclusive times, at the cost of two
-//!   hooks a call (the full trace's hooks lengthen every thread's life,
+//!   `FASTINST_FUNCTIONS`), once before each profiled run: their inclusive
+//!   times (the median of those runs), at the cost of two hooks a call (the full trace's hooks lengthen every thread's life,
 //!   and the probes-off run's wall time holds the process's start and
 //!   exit besides `main`);
 //! - under the profiler (the default tool), `runs` times.
@@ -131,6 +131,10 @@ pub struct InclusiveCheck {
     /// results: the probes-off run's wall time for `main`, the full
     /// trace's for a thread body).
     pub reference_ms: f64,
+    /// The top-level trace's figure in each of its runs, one before each
+    /// profiled run (older results: none).
+    #[serde(default)]
+    pub reference_runs: Vec<f64>,
     /// What the reference is.
     pub reference: String,
     /// The profile's inclusive time, per run (ms).
@@ -390,17 +394,19 @@ pub fn measure(
     // The top-level functions' own durations, with only their probes on:
     // the full trace's hooks lengthen every thread's life, and the probes-
     // off run's wall time holds the process's start and exit besides main.
+    // One such run before each profiled run: the machine's speed drifts
+    // between runs by more than the target, and the median of runs made
+    // alternately with the profile's stands for the same stretch of time.
     let top_names = top_level(&trace);
-    let top = if top_names.is_empty() {
-        None
-    } else {
-        let only = [("FASTINST_FUNCTIONS".to_string(), top_names.join(","))];
-        let (d, _) = tool_with("trace", "trace-top", &only)?;
-        Some(read_report(&d, "fastinst-trace")?)
-    };
+    let only = [("FASTINST_FUNCTIONS".to_string(), top_names.join(","))];
+    let mut top = Vec::new();
     let mut profiles = Vec::new();
     let mut walls = Vec::new();
     for i in 0..opts.runs.max(1) {
+        if !top_names.is_empty() {
+            let (d, _) = tool_with("trace", &format!("trace-top-{i}"), &only)?;
+            top.push(read_report(&d, "fastinst-trace")?);
+        }
         let (d, wall) = tool("profile", &format!("profile-{i}"))?;
         profiles.push(read_report(&d, "fastinst-profile")?);
         walls.push(wall);
@@ -410,7 +416,7 @@ pub fn measure(
         inst.compiler.name(),
         &exact,
         &trace,
-        top.as_ref(),
+        &top,
         &profiles,
         perf,
         plain_run.wall_s,
@@ -426,7 +432,7 @@ pub fn compare(
     build: &str,
     exact: &BTreeMap<String, u64>,
     trace: &fastinst::profile::report::Report,
-    top: Option<&fastinst::profile::report::Report>,
+    top: &[fastinst::profile::report::Report],
     profiles: &[fastinst::profile::report::Report],
     perf: Option<&SelfReferences>,
     plain_s: f64,
@@ -521,25 +527,36 @@ pub fn compare(
     }
 
     let trace_rows = by_name(trace);
-    let top_rows = top.map(by_name);
+    let top_rows: Vec<_> = top.iter().map(by_name).collect();
     let inclusive: Vec<InclusiveCheck> = top_level(trace)
         .into_iter()
         .map(|name| {
             // A top-level trace's figure where there is one; else the
             // probes-off run's wall time for main, the full trace's for a
             // thread body.
-            let (reference_ms, reference) = match top_rows.as_ref().and_then(|t| t.get(&name)) {
-                Some(t) => (t.total_ms, "trace of the top-level functions alone"),
-                None if name == "main" => (off_s * 1e3, "the build's run with every probe off"),
-                None => (
+            let reference_runs: Vec<f64> = top_rows
+                .iter()
+                .filter_map(|t| t.get(&name))
+                .map(|t| t.total_ms)
+                .collect();
+            let (reference_ms, reference) = if !reference_runs.is_empty() {
+                (
+                    crate::measure::median(&reference_runs),
+                    "median of the traces of the top-level functions alone",
+                )
+            } else if name == "main" {
+                (off_s * 1e3, "the build's run with every probe off")
+            } else {
+                (
                     trace_rows.get(&name).map_or(0.0, |t| t.total_ms),
                     "trace's inclusive time",
-                ),
+                )
             };
             InclusiveCheck {
                 profile_ms: runs.iter().map(|r| r.get(&name).map_or(0.0, |f| f.total_ms)).collect(),
                 name,
                 reference_ms,
+                reference_runs,
                 reference: reference.into(),
             }
         })
@@ -752,12 +769,14 @@ pub fn render_detail(c: &Config) -> String {
     s.push_str("\ninclusive (ms):\n\n");
     for k in &c.inclusive {
         let v: Vec<String> = k.profile_ms.iter().map(|x| format!("{x:.1}")).collect();
+        let r: Vec<String> = k.reference_runs.iter().map(|x| format!("{x:.1}")).collect();
         s.push_str(&format!(
-            "- {}: {} vs {:.1} ({})\n",
+            "- {}: {} vs {:.1} ({}: {})\n",
             k.name,
             v.join(" "),
             k.reference_ms,
-            k.reference
+            k.reference,
+            r.join(" ")
         ));
     }
     s.push_str("\ntotals (ms; profile +- sd, each run, vs trace):\n\n");

@@ -669,7 +669,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation; self: CPU samples"
+        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation of sampling and hook charges (a long call, main or a thread body above all, also holds the profiler's slowing of the program beyond its charges, which no +- holds: docs/profiler.md); self: CPU samples"
     )?;
     writeln!(
         s,
