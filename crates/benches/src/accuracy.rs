@@ -15,9 +15,10 @@
 //! - under the trace again with only the top-level functions probed
 //!   (`main` and the thread bodies the first trace found,
 //!   `FASTINST_FUNCTIONS`), once before each profiled run: their inclusive
-//!   times (the median of those runs), at the cost of two hooks a call (the full trace's hooks lengthen every thread's life,
-//!   and the probes-off run's wall time holds the process's start and
-//!   exit besides `main`);
+//!   times (the median of those runs), at the cost of two hooks a call
+//!   (the full trace's hooks lengthen every thread's life, and the
+//!   probes-off run's wall time holds the process's start and exit
+//!   besides `main`);
 //! - under the profiler (the default tool), `runs` times.
 //!
 //! and compares, per function, against the targets:

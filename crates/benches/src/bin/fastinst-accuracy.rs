@@ -20,8 +20,10 @@ targets: calls ±15% of exact (functions with >= 1% of calls), self share
 ±2 points of perf's mean over 3 runs of the plain build (functions above
 2%; a second column allows the plain runs' own range, a third compares
 with the instrumented build's probes-off runs, whose functions are the
-profiled ones where -finstrument-functions changed the inlining), inclusive time of main and
-thread bodies ±5%, p50 and p99 ±10% of the trace (functions of >= 1 us).
+profiled ones where -finstrument-functions changed the inlining),
+inclusive time of main and thread bodies ±5% of the median of their
+traces (one before each profiled run), p50 and p99 ±10% of the trace
+(functions of >= 1 us).
 Programs: bzip2, quickjs, sqlite, lua, zstd (sources from crates.io; the
 default) and demo (fastinst's bundled example).
 
