@@ -929,4 +929,87 @@ mod tests {
         );
         assert_eq!(c.ranges_tally(), Tally { ok: 3, of: 4 });
     }
+
+    /// Self shares against the plain mean, the plain runs' range and the
+    /// probes-off runs, each over the functions above the floor in its own
+    /// reference; the inclusive reference is the median of the top-level
+    /// traces, and profile names meet perf's through the aliases.
+    #[test]
+    fn self_shares_and_inclusive_meet_their_references() {
+        use crate::aliases::Aliases;
+        use fastinst::profile::report::{EdgeRow, FunctionRow, Report};
+        let row = |name: &str, total_ms: f64, share: f64| FunctionRow {
+            name: name.into(),
+            threads: vec![1],
+            total_ms,
+            self_share: Some(share),
+            ..FunctionRow::default()
+        };
+        let report = |rows: Vec<FunctionRow>| Report {
+            pid: 1,
+            edges: vec![EdgeRow {
+                caller: "[root]".into(),
+                callee: "main".into(),
+                calls_sampled: 1,
+                calls_estimated: 1.0,
+                total_ms: 1.0,
+            }],
+            functions: rows,
+            ..Report::default()
+        };
+        let trace = report(vec![row("main", 0.0, 0.0)]);
+        let top: Vec<Report> = [100.0, 130.0, 90.0]
+            .iter()
+            .map(|&t| report(vec![row("main", t, 0.0)]))
+            .collect();
+        // `free` reaches the profile as `cfree`.
+        let profile = report(vec![
+            row("main", 104.0, 50.0),
+            row("cfree", 0.0, 10.0),
+            row("tiny", 0.0, 1.5),
+        ]);
+        let aliases = Aliases::from_symbols([(0, 0x10, "free".to_string()), (0, 0x10, "cfree".to_string())]);
+        let runs = |v: &[(&str, f64)]| v.iter().map(|&(n, x)| (n.to_string(), x)).collect::<BTreeMap<_, _>>();
+        let plain = PerfShares {
+            // main: mean 55 over runs 51-59, so 50 misses the mean by 5
+            // but lies within 2 of the range; free: 13 in each.
+            runs: vec![
+                runs(&[("main", 59.0), ("free", 13.0)]),
+                runs(&[("main", 51.0), ("free", 13.0)]),
+            ],
+            aliases: aliases.clone(),
+        };
+        // `tiny` is above the floor only with the probes off.
+        let off = PerfShares {
+            runs: vec![runs(&[("main", 49.0), ("free", 10.5), ("tiny", 2.5)])],
+            aliases,
+        };
+        let refs = SelfReferences { plain, off: Some(off) };
+        let exact = BTreeMap::from([("main".to_string(), 1u64)]);
+        let c = compare(
+            Program::Demo,
+            "gcc",
+            &exact,
+            &trace,
+            &top,
+            &[profile],
+            Some(&refs),
+            0.0,
+            0.0,
+            0.0,
+        );
+        let names: Vec<&str> = c.shares.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["main", "free", "tiny"]);
+        // Against the plain mean: main off by 5, free by 3.
+        assert_eq!(c.shares_tally(), Tally { ok: 0, of: 2 });
+        // Within 2 of the plain runs' range: main (49-61), not free (11-15).
+        assert_eq!(c.shares_spread_tally(), Tally { ok: 1, of: 2 });
+        // Against the probes-off mean: main, free and tiny all within 2.
+        assert_eq!(c.shares_off_tally(), Tally { ok: 3, of: 3 });
+        assert!((c.worst_share_pp() - 5.0).abs() < 1e-9);
+        let main = &c.inclusive[0];
+        assert_eq!(main.reference_runs, vec![100.0, 130.0, 90.0]);
+        assert!((main.reference_ms - 100.0).abs() < 1e-9, "{}", main.reference_ms);
+        assert_eq!(c.inclusive_tally(), Tally { ok: 1, of: 1 });
+    }
 }
