@@ -96,11 +96,12 @@ fn frame_pointer_library(work: &Path) -> Result<PathBuf> {
 }
 
 fn perf_available() -> Result<()> {
-    match Command::new("perf").arg("--version").stdout(Stdio::null()).status() {
-        Ok(s) if s.success() => Ok(()),
-        _ => Err(EvalError::Tool(
+    if fastinst_benches::perf::available() {
+        Ok(())
+    } else {
+        Err(EvalError::Tool(
             "perf not found or not working (Debian: apt-get install linux-perf)".into(),
-        )),
+        ))
     }
 }
 

@@ -133,11 +133,9 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
             let (n, overflow) = (folded.n, folded.overflow);
             let above = window::WINDOWED_ABOVE * p.live.epoch_scale();
             // SAFETY: the schedule's lock is held.
-            let counted = unsafe { f.window.estimate_mut() }.counted;
-            let busy = window::stretched_past(n, stretch, above, counted);
+            let e = unsafe { f.window.estimate_mut() };
+            let busy = window::stretched_past(n, stretch, above, e.counted);
             if (overflow != 0 || busy) && p_epoch > 0.0 && s.windowed.len() < schedule::MAX_WINDOWED {
-                // SAFETY: as above.
-                let e = unsafe { f.window.estimate_mut() };
                 if overflow != 0 {
                     e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
                 } else {
