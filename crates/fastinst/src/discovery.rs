@@ -355,7 +355,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
     let site = call_site_at(&LiveMemory { modules: &s.modules }, &hooks, kind, ret);
     match site {
         Ok(site) => {
-            let id = register(s, Some(site), kind, this_fn)?;
+            let id = register(s, Some(site), kind, this_fn, hooks.enter)?;
             sitetable::insert(key::ret(site.end()), id.get());
             Some(id)
         }
@@ -374,7 +374,7 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
                         if sitetable::get(key::site(t.addr)).is_some() {
                             continue;
                         }
-                        if let Some(id) = register(s, Some(*t), kind, this_fn) {
+                        if let Some(id) = register(s, Some(*t), kind, this_fn, hooks.enter) {
                             first.get_or_insert(id);
                         }
                     }
@@ -412,14 +412,17 @@ fn discover_locked(s: &mut State, call: HookCall, tail: Option<ProbeId>) -> Opti
             crate::log::info(format_args!(
                 "unrecognised {kind:?} hook site (this_fn {this_fn:#x}, return address {ret:#x}): {why:?}; it stays on"
             ));
-            let id = register(s, None, kind, this_fn)?;
+            let id = register(s, None, kind, this_fn, hooks.enter)?;
             sitetable::insert(key::function(this_fn, kind as u8), id.get());
             Some(id)
         }
     }
 }
 
-fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64) -> Option<ProbeId> {
+/// Registers the probe of hook call site `site` (`None`: not recognised)
+/// of `this_fn`; an entry call is given a counting stub that reaches the
+/// entry hook at `enter_hook` where it can have one (`crate::callcount`).
+fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64, enter_hook: u64) -> Option<ProbeId> {
     if registry::count() as usize >= registry::MAX_PROBES || registry::count() as usize > sitetable::CAPACITY / 5 {
         bump(&stats::FULL);
         crate::log::warn(format_args!(
@@ -437,11 +440,21 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         s.make_segment_writable(t.addr);
     }
     let call = site.and_then(|t| {
+        if kind == HookKind::Enter && t.form.call_form() == callpatch::Form::CallRel32 {
+            let given =
+                // SAFETY: as below; the entry call's stub reaches the same
+                // hook, and no other thread writes the site (the discovery
+                // lock is held, and its probe is not registered yet).
+                unsafe { crate::callcount::retarget(t.addr as usize, t.operand, enter_hook as usize) };
+            if let Some((c, counted)) = given {
+                return Some((c, Some(counted)));
+            }
+        }
         // SAFETY: the site was recognised as a whole call/jmp of this form
         // to the hook, whose callee follows the ABI; the runtime owns its
         // toggling from now on.
         match unsafe { CallSite::new(t.addr as *mut u8, t.form.call_form(), t.operand) } {
-            Ok(c) => Some(c),
+            Ok(c) => Some((c, None)),
             Err(e) => {
                 crate::log::warn(format_args!("site {:#x} cannot be toggled ({e}); it stays on", t.addr));
                 None
@@ -473,7 +486,7 @@ fn register(s: &mut State, site: Option<HookSite>, kind: HookKind, this_fn: u64)
         unloaded: AtomicBool::new(false),
         rewrite_at: AtomicU64::new(0),
         module,
-        site: call.map_or(Site::Unrecognised, Site::Call),
+        site: call.map_or(Site::Unrecognised, |(c, counted)| Site::Call(c, counted)),
         tool: AtomicU64::new(0),
         inactive_hits: AtomicU64::new(0),
     })?;

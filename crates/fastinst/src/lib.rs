@@ -86,6 +86,7 @@ mod arch;
 pub mod attach;
 mod attached;
 pub mod c_abi;
+pub(crate) mod callcount;
 pub mod clock;
 mod code;
 mod contention;

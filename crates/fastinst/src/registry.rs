@@ -6,6 +6,7 @@
 //! hook fast path, any API call) does two loads and no locking; a probe,
 //! once published, stays at its address for the life of the process.
 
+use crate::callcount::Counted;
 use crate::code::ON;
 use crate::probe::{ProbeId, ProbeMeta};
 use crate::segmented::Segmented;
@@ -25,8 +26,9 @@ pub(crate) enum Site {
     /// are dropped.
     Unrecognised,
     /// A hook call or tail jump (`-finstrument-functions`), switched with
-    /// callpatch or wordpatch.
-    Call(CallSite),
+    /// callpatch or wordpatch; an entry call given a counting stub
+    /// (`crate::callcount`) calls the stub, and says so.
+    Call(CallSite, Option<&'static Counted>),
     /// A function's sled (`-fpatchable-function-entry`), shared by its entry
     /// and exit probe.
     Sled(&'static Sled),
@@ -36,7 +38,7 @@ impl Site {
     /// The hook call's view, for a [`Site::Call`].
     pub(crate) fn call(&self) -> Option<&CallSite> {
         match self {
-            Site::Call(c) => Some(c),
+            Site::Call(c, _) => Some(c),
             _ => None,
         }
     }

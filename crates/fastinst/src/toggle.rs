@@ -40,7 +40,7 @@ pub(crate) fn activation_needs_word_patch(p: &Probe) -> bool {
     let code = match p.site {
         Site::Sled(sled) => sled.code.load(Ordering::Relaxed),
         Site::Unrecognised => return false,
-        Site::Call(_) => p.state.load(Ordering::Relaxed),
+        Site::Call(..) => p.state.load(Ordering::Relaxed),
     };
     code & ON == 0 && matches!(Strategy::from_u8(code & !ON), Strategy::WordSync | Strategy::WordAsync)
 }
@@ -48,7 +48,7 @@ pub(crate) fn activation_needs_word_patch(p: &Probe) -> bool {
 pub(crate) fn set_code(p: &Probe, on: bool) -> Result<()> {
     let site = match &p.site {
         Site::Sled(sled) => return set_sled_code(p, sled, on),
-        Site::Call(site) => Some(site),
+        Site::Call(site, _) => Some(site),
         Site::Unrecognised => None,
     };
     let id = p.meta.id;
@@ -113,7 +113,11 @@ pub(crate) fn resync_after_restore() -> usize {
         let restored = match &p.site {
             Site::Sled(sled) if matches!(p.meta.kind, ProbeKind::Entry | ProbeKind::Point) => sled.restored(),
             Site::Sled(_) | Site::Unrecognised => true,
-            Site::Call(site) => {
+            Site::Call(site, counted) => {
+                // The file's call reaches the hook: its stub again first.
+                if let Some(c) = counted {
+                    crate::callcount::reapply(site, c);
+                }
                 let on = site.current() == site.on();
                 if on {
                     p.state.store(ON, Ordering::Relaxed);

@@ -857,30 +857,35 @@ fn a_phased_functions_timed_calls_are_a_sample_of_all_its_calls() {
 }
 
 /// A burst of a function's calls shorter than an epoch (`tests/c/burst.c`):
-/// its count passes the epoch's whole-counting limit at once. A sled
-/// build's stubs count the rest of the epoch, so the estimate is exact;
-/// switching the probe off instead, as a `-finstrument-functions` build
-/// still does, leaves the rest of the burst to the next epoch's windows,
-/// which come after it (QuickJS's sort comparator read 130 of a million
-/// calls). Long epochs keep the burst inside one.
+/// its count passes the epoch's whole-counting limit at once. The stubs
+/// count the rest of the epoch, so the estimate is exact: a sled build's,
+/// and a `-finstrument-functions` build's, whose entry calls get counting
+/// stubs of their own. Switching the probe off instead, as a
+/// `-finstrument-functions` build did before, left the rest of the burst
+/// to the next epoch's windows, which come after it (QuickJS's sort
+/// comparator read 130 of a million calls). Long epochs keep the burst
+/// inside one.
 #[test]
-fn a_burst_inside_one_epoch_is_counted_exactly_by_the_sleds_stubs() {
+fn a_burst_inside_one_epoch_is_counted_exactly_by_the_stubs() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("burst");
-    let r = sled_profile(
-        &dir,
-        &src("burst.c"),
-        &[],
-        &[("FASTINST_PROFILE_EPOCH_MS", "400")],
-        "hot called 300000 times\n",
-    );
-    let hot = r.functions.iter().find(|f| f.name == "hot").expect("hot is profiled");
-    assert_eq!(
-        hot.calls_estimated, 300_000.0,
-        "every call counted, {} of them by the handlers before the stubs took over",
-        hot.calls_sampled
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
+    for (cc, flag) in [("gcc", SLED), ("gcc", FINSTRUMENT), ("clang", FINSTRUMENT)] {
+        let dir = scratch(&format!("burst-{cc}{flag}"));
+        let r = profile_build(
+            &dir,
+            &src("burst.c"),
+            (cc, flag),
+            &[],
+            &[("FASTINST_PROFILE_EPOCH_MS", "400")],
+            "hot called 300000 times\n",
+        );
+        let hot = r.functions.iter().find(|f| f.name == "hot").expect("hot is profiled");
+        assert_eq!(
+            hot.calls_estimated, 300_000.0,
+            "{cc} {flag}: every call counted, {} of them by the handlers before the stubs took over",
+            hot.calls_sampled
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 /// A program of many short functions (`testkit::programs::many_functions`: 20,000 of a few
@@ -930,8 +935,20 @@ fn the_profilers_own_slowing_does_not_keep_short_functions_whole() {
 /// profiled with `args` and `env`, checks that it printed `stdout`, and
 /// reads its report.
 fn sled_profile(dir: &Path, source: &Path, args: &[&str], env: &[(&str, &str)], stdout: &str) -> Report {
+    profile_build(dir, source, ("gcc", SLED), args, env, stdout)
+}
+
+/// [`sled_profile`] with compiler and instrumentation flag `build`.
+fn profile_build(
+    dir: &Path,
+    source: &Path,
+    (cc, flag): (&str, &str),
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdout: &str,
+) -> Report {
     let inst = dir.join("inst");
-    build("gcc", &[source], &["-O2", SLED, "-pthread"], &inst);
+    build(cc, &[source], &["-O2", flag, "-pthread"], &inst);
     let prof = dir.join("profile");
     let o = profiled(&inst, args, dir, &prof, env);
     assert_eq!(ok_stdout(&o, "profiled"), stdout);

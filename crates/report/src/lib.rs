@@ -647,7 +647,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     if let Some(w) = o.cpu_wait_share.filter(|&w| w >= CONTENDED_PERCENT) {
         writeln!(
             s,
-            "cpu contention: the threads waited for a CPU {w:.0}% of the time they could run; timed calls' durations (totals and latencies), the calls of a run of a few epochs, and in a -finstrument-functions build the calls of functions whose counting is mostly hook time, may be biased beyond their +- (docs/limits.md)"
+            "cpu contention: the threads waited for a CPU {w:.0}% of the time they could run; timed calls' durations (totals and latencies), the calls of a run of a few epochs, and the calls of functions counted through whole hooks (a -finstrument-functions entry call whose operand crosses a cache line has no counting stub), may be biased beyond their +- (docs/limits.md)"
         )?;
     }
     if o.windows_planned > 0 {

@@ -10,6 +10,8 @@
 //!         C3             ret
 //! A:      B8 01 00 00 00 mov eax, 1          ; "on" result, far away
 //!         C3             ret
+//! B:      31 C0          xor eax, eax        ; a `call rel32`'s other
+//!         C3             ret                 ; target ("off"), farther
 //! ```
 //!
 //! The target `A` is placed so that `rel32` is `0x0102050B` (bytes
@@ -27,6 +29,11 @@ use std::io;
 const ARENA: usize = 64 << 20;
 /// `rel32` of the call to `A`; its bytes make torn writes crash (module doc).
 pub const REL_A: i32 = 0x0102_050B;
+/// `rel32` of a `call rel32` site's second target `B` (`xor eax, eax;
+/// ret`: "off"), for the retargeting strategies. It differs from
+/// [`REL_A`] in every byte, and every mixture of the two lands in
+/// `PROT_NONE` or in INT3 filler.
+pub const REL_B: i32 = 0x0204_071C;
 /// Offset of the line whose end the site straddles.
 const SITE_LINE_END: usize = 64 * 8;
 /// Offset of the pointer slot for `call [rip+disp32]`.
@@ -128,6 +135,11 @@ impl Fixture {
         let a = (site + 5) as i64 + REL_A as i64;
         rwx_island(a as usize, 8)?;
         put(a as usize, &[0xB8, 1, 0, 0, 0, 0xC3]);
+        let b = (site + 5) as i64 + REL_B as i64;
+        if form == Form::CallRel32 {
+            rwx_island(b as usize, 8)?;
+            put(b as usize, &[0x31, 0xC0, 0xC3]);
+        }
         let operand = match form {
             Form::CallRel32 | Form::JmpRel32 => (a - (site + 5) as i64) as i32,
             Form::CallRipIndirect | Form::JmpRipIndirect => {
@@ -141,7 +153,10 @@ impl Fixture {
             put(site + len, &[0xC3]);
         }
         std::mem::forget(fx_guard);
-        let islands = [island_pages(base, 4096), island_pages(a as usize, 8)];
+        let mut islands = vec![island_pages(base, 4096), island_pages(a as usize, 8)];
+        if form == Form::CallRel32 {
+            islands.push(island_pages(b as usize, 8));
+        }
         if wordpatch::write_mode() == wordpatch::WriteMode::Alias {
             // W^X asked for: the code must be sealed as a program's is, or
             // wordpatch would find it writable and write it in place.

@@ -6,7 +6,7 @@
 //! [`Method::WordSync`] and [`Method::WordAsync`]); the stress harness
 //! needs the wait spelled out and the control, so it has its own type.
 
-use crate::fixture::{Fixture, NOP5};
+use crate::fixture::{Fixture, NOP5, REL_A, REL_B};
 use callpatch::{CallSite, Form, Mode};
 use std::fmt;
 use std::str::FromStr;
@@ -33,6 +33,15 @@ pub enum Method {
     CallPaper,
     /// callpatch, flip mode.
     CallFlip,
+    /// A `call rel32`'s operand swapped between two targets with one
+    /// in-line store (the runtime's counting stubs, `fastinst`'s
+    /// `callcount`): only where the operand lies in one line (splits 0 and
+    /// 1).
+    CallRetarget,
+    /// Negative control for [`Method::CallRetarget`]: the call to the
+    /// other target written as two plain stores, back part then front
+    /// part, where the operand crosses a line. Must fail.
+    CallRetargetNaive,
 }
 
 impl Method {
@@ -40,6 +49,12 @@ impl Method {
     /// strategies toggle `call rel32` against a NOP).
     pub fn supports(self, form: Form) -> bool {
         matches!(self, Method::CallPaper | Method::CallFlip | Method::CallNaive) || form == Form::CallRel32
+    }
+
+    /// Whether the strategy toggles a site `split` bytes before a line's
+    /// end: a retarget needs the operand inside one line.
+    pub fn supports_split(self, split: usize) -> bool {
+        self != Method::CallRetarget || split <= 1
     }
 
     /// Whether the strategy toggles through a callpatch call site (no waits
@@ -60,6 +75,8 @@ impl fmt::Display for Method {
             Method::CallNaive => write!(f, "call-naive"),
             Method::CallPaper => write!(f, "call-paper"),
             Method::CallFlip => write!(f, "call-flip"),
+            Method::CallRetarget => write!(f, "call-retarget"),
+            Method::CallRetargetNaive => write!(f, "call-retarget-naive"),
         }
     }
 }
@@ -81,10 +98,12 @@ impl FromStr for Method {
             "call-naive" => Method::CallNaive,
             "call-paper" => Method::CallPaper,
             "call-flip" => Method::CallFlip,
+            "call-retarget" => Method::CallRetarget,
+            "call-retarget-naive" => Method::CallRetargetNaive,
             _ => {
                 return Err(format!(
                     "unknown strategy `{s}` (word-tmax[:T], word-synccore, word-async[:T], word-async-synccore, \
-                     word-naive, call-paper, call-flip, call-naive)"
+                     word-naive, call-paper, call-flip, call-naive, call-retarget, call-retarget-naive)"
                 ))
             }
         })
@@ -181,6 +200,7 @@ impl Toggler {
                 Ok(())
             }
             Method::WordNaive => naive_store(self.site, new),
+            Method::CallRetarget | Method::CallRetargetNaive => self.retarget(on),
             Method::CallNaive => {
                 let call = self.call.as_ref().expect("call site prepared");
                 let active = call.on();
@@ -191,6 +211,25 @@ impl Toggler {
                 }
             }
         }
+    }
+}
+
+impl Toggler {
+    /// Calls `A` (on) or `B` (off) from the `call rel32` site: its
+    /// operand alone in one in-line store, or (the control) the whole
+    /// call in two plain stores.
+    fn retarget(&self, on: bool) -> Result<(), String> {
+        let (new, old) = if on { (REL_A, REL_B) } else { (REL_B, REL_A) };
+        if self.strategy == Method::CallRetargetNaive {
+            let mut call = [0xE8, 0, 0, 0, 0];
+            call[1..].copy_from_slice(&new.to_le_bytes());
+            return naive_store(self.site, &call);
+        }
+        // SAFETY: the operand lies in one line (`supports_split`), the
+        // page was made writable, and both calls reach valid code.
+        unsafe { store_in_line(self.site.wrapping_add(1), &new.to_le_bytes(), Some(&old.to_le_bytes())) }
+            .map(|_| ())
+            .map_err(|m| format!("operand was {:02x?}", &m.found[..4]))
     }
 }
 

@@ -86,10 +86,12 @@ fn assert_clean(run: &Run, configs: usize, min_toggles: u64) {
 /// and a configuration that stopped short fails the test, saying so.
 const CALLPATCH_TOGGLES: u64 = 30_000_000;
 
-fn callpatch_clean(mode: &str) {
+/// Runs `strategy` at CI's callpatch size (3 trials of 10^7 toggles, 10 s
+/// each at most) over `configs` configurations, each clean.
+fn callpatch_clean(strategy: &str, configs: usize) {
     let run = stress(&[
         "--strategies",
-        mode,
+        strategy,
         "--trials",
         "3",
         "--toggles",
@@ -97,17 +99,42 @@ fn callpatch_clean(mode: &str) {
         "--seconds",
         "10",
     ]);
-    assert_clean(&run, 2 * (5 + 6 + 5 + 6), CALLPATCH_TOGGLES);
+    assert_clean(&run, configs, CALLPATCH_TOGGLES);
 }
 
 #[test]
 fn callpatch_paper_every_form_and_split() {
-    callpatch_clean("call-paper");
+    callpatch_clean("call-paper", 2 * (5 + 6 + 5 + 6));
 }
 
 #[test]
 fn callpatch_flip_every_form_and_split() {
-    callpatch_clean("call-flip");
+    callpatch_clean("call-flip", 2 * (5 + 6 + 5 + 6));
+}
+
+/// The runtime's counting stubs rewrite a live `call rel32`'s operand
+/// with one in-line store, only where the operand lies in one line
+/// (splits 0 and 1), warm and cold, sized as the callpatch modes above;
+/// under W^X too, through the alias. And the control: the same call
+/// rewritten whole in two plain stores where the operand crosses a line
+/// (splits 2-4) must tear.
+#[test]
+fn call_operand_retargets_are_clean_where_allowed_and_torn_elsewhere() {
+    callpatch_clean("call-retarget", 2 * 2);
+    let run = wx_short("call-retarget");
+    assert_clean(&run, 2 * 2, 100_000);
+    assert_every_config_tears(
+        &[
+            "--strategies",
+            "call-retarget-naive",
+            "--splits",
+            "2,3,4",
+            "--fetch",
+            "warm",
+        ],
+        3,
+        "a call's operand written in two stores",
+    );
 }
 
 /// SyncCore stress of every split, skipped (with a message) where the kernel
@@ -157,6 +184,36 @@ fn wordpatch_async_synccore_every_split() {
 /// fetch takes hundreds of cycles, and the control tore at every split,
 /// mostly within a trial (its rate varies from run to run: see below); the
 /// protocols under test are stressed that way too.
+/// A short W^X run of `strategy` (`--wx`): one trial of half a second, or
+/// 5 x 10^6 toggles, a configuration. The protocols are the in-place
+/// runs'; only the store's address differs.
+fn wx_short(strategy: &str) -> Run {
+    stress(&[
+        "--wx",
+        "--strategies",
+        strategy,
+        "--trials",
+        "1",
+        "--seconds",
+        "0.5",
+        "--toggles",
+        "5000000",
+    ])
+}
+
+/// A negative control of `configs` configurations (`args`: strategy,
+/// forms, splits, fetch) in which every configuration must tear: `what`
+/// names the writes in the message.
+fn assert_every_config_tears(args: &[&str], configs: usize, what: &str) {
+    let run = expect_failure(args);
+    let r = results(&run.stdout);
+    assert_eq!(r.len(), configs, "{}", run.stdout);
+    for (label, toggles, failures, _) in &r {
+        assert!(*failures >= 1, "{label}: no tear of {what} in {toggles} toggles");
+    }
+    assert!(run.success);
+}
+
 /// A negative control's run: `args` (strategy, forms, splits, fetch), each
 /// configuration given 20 one-second trials to fail in.
 fn expect_failure(args: &[&str]) -> Run {
@@ -167,19 +224,11 @@ fn expect_failure(args: &[&str]) -> Run {
 
 #[test]
 fn negative_controls_are_caught() {
-    let control = |strategy: &str, fetch: &str| {
-        let run = expect_failure(&["--strategies", strategy, "--splits", "1,2,3,4", "--fetch", fetch]);
-        let r = results(&run.stdout);
-        assert_eq!(r.len(), 4, "{}", run.stdout);
-        for (label, toggles, failures, _) in &r {
-            assert!(
-                *failures >= 1,
-                "{label}: the harness saw no failure of {strategy} in {toggles} toggles"
-            );
-        }
-        assert!(run.success);
-    };
-    control("word-naive", "warm");
+    assert_every_config_tears(
+        &["--strategies", "word-naive", "--splits", "1,2,3,4", "--fetch", "warm"],
+        4,
+        "word-naive",
+    );
     // Every callpatch form, whole instructions torn at every straddle
     // split: the harness sees each form's tears, not only `call rel32`'s.
     let run = expect_failure(&[
@@ -239,17 +288,7 @@ fn negative_controls_are_caught() {
 /// Then the two-store control, through the alias, must tear at every split.
 #[test]
 fn wx_protocols_are_clean_and_its_tears_are_caught() {
-    let run = stress(&[
-        "--wx",
-        "--strategies",
-        "call-paper",
-        "--trials",
-        "1",
-        "--seconds",
-        "0.5",
-        "--toggles",
-        "5000000",
-    ]);
+    let run = wx_short("call-paper");
     assert_clean(&run, 2 * (5 + 6 + 5 + 6), 100_000);
     // Every configuration is W^X; those given, the executors saw both
     // states: the stores through the alias reached the code they ran.
@@ -286,22 +325,17 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
     } else {
         eprintln!("SyncCore part skipped: no membarrier SYNC_CORE");
     }
-    let run = expect_failure(&[
-        "--wx",
-        "--strategies",
-        "word-naive",
-        "--splits",
-        "1,2,3,4",
-        "--fetch",
-        "warm",
-    ]);
-    let r = results(&run.stdout);
-    assert_eq!(r.len(), 4, "{}", run.stdout);
-    for (label, toggles, failures, _) in &r {
-        assert!(
-            *failures >= 1,
-            "{label}: no tear of two plain stores through the alias in {toggles} toggles"
-        );
-    }
-    assert!(run.success);
+    assert_every_config_tears(
+        &[
+            "--wx",
+            "--strategies",
+            "word-naive",
+            "--splits",
+            "1,2,3,4",
+            "--fetch",
+            "warm",
+        ],
+        4,
+        "two plain stores through the alias",
+    );
 }

@@ -285,6 +285,9 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     // in flight on its thread has nothing to pair with: it returns from the
     // hook at once.
     crate::clock::set_cheap_exits(true);
+    // Entry calls discovered from now on count in stubs of their own, as
+    // sleds do.
+    crate::callcount::enable();
     crate::clock::advance_period(tsc::now());
     if let Some(p) = get() {
         p.epoch_start.store(tsc::now(), Ordering::Relaxed);

@@ -450,7 +450,7 @@ struct Cpu {
 fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str) -> Cpu {
     let (pcs, taken) = super::cpusample::samples();
     let (lo, hi) = super::cpusample::own_library();
-    let stubs = crate::sled::trampoline::stub_areas();
+    let stubs = crate::sled::stubarea::stub_areas();
     let mut by_function: FxMap<u32, u64> = FxMap::default();
     let mut other: FxMap<u64, u64> = FxMap::default();
     let mut by_symbol: FxMap<Arc<str>, u64> = FxMap::default();

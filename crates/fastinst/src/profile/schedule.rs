@@ -350,20 +350,24 @@ fn arm(p: &State, s: &Inner, fi: u32, chance: u8, budget: u32) -> bool {
 /// timed ones (a sled's exit, watched from its entry). The density is
 /// shared in hooks, so that a build whose counted calls cost two hooks
 /// counts no more hook time than one whose calls cost one. A call that
-/// a sled's stub counts runs no hook: it costs the counting path's share
-/// of one (`crate::hookcost::counted_call_hooks`); an exit that takes
-/// the exit hook's cheap path, likewise
-/// (`crate::hookcost::counted_fi_call_hooks`).
+/// a stub counts (a sled's, or a `-finstrument-functions` entry call's)
+/// runs no entry hook: it costs the counting path's share of one
+/// (`crate::hookcost::counted_call_hooks`); an exit that takes the exit
+/// hook's cheap path, likewise (`crate::hookcost::cheap_exit_hooks`).
 fn hooks_per_call(f: &Func) -> f64 {
-    if f.counts_in_stubs() {
-        crate::hookcost::counted_call_hooks()
-    } else if f.exits_follow_entry.load(Ordering::Relaxed) {
-        1.0
+    let exit = if f.exits_follow_entry.load(Ordering::Relaxed) {
+        0.0
     } else if crate::clock::cheap_exits() {
-        crate::hookcost::counted_fi_call_hooks()
+        crate::hookcost::cheap_exit_hooks()
     } else {
-        2.0
-    }
+        1.0
+    };
+    let entry = if f.counts_in_stubs() {
+        crate::hookcost::counted_call_hooks()
+    } else {
+        1.0
+    };
+    entry + exit
 }
 
 /// How many times its share of windows a function gets whose counted

@@ -36,6 +36,7 @@
 pub(crate) mod counter;
 pub(crate) mod shadow;
 pub(crate) mod site;
+pub(crate) mod stubarea;
 pub(crate) mod trampoline;
 mod unwind;
 
@@ -534,7 +535,8 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
 }
 
 /// The counter of entry probe `id`'s stub, if it is a sled function's
-/// entry with a counting stub (`counter`).
+/// entry with a counting stub (`counter`), or a `-finstrument-functions`
+/// entry call given one (`crate::callcount`).
 pub(crate) fn counter_of(id: ProbeId) -> Option<&'static counter::Counter> {
     counter_in(registry::get(id)?)
 }
@@ -542,8 +544,9 @@ pub(crate) fn counter_of(id: ProbeId) -> Option<&'static counter::Counter> {
 /// [`counter_of`] for a probe record already at hand.
 #[inline(always)]
 pub(crate) fn counter_in(probe: &Probe) -> Option<&'static counter::Counter> {
-    match probe.site {
+    match &probe.site {
         Site::Sled(s) if s.entry == probe.meta.id => s.counter,
+        Site::Call(_, Some(c)) => Some(c.counter),
         _ => None,
     }
 }

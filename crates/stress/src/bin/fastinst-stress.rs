@@ -116,7 +116,10 @@ fn specs(a: &RunArgs) -> Vec<TrialSpec> {
         let forms = a.forms.clone().unwrap_or_else(|| Form::ALL.to_vec());
         for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
             let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
-            for split in splits.into_iter().filter(|&s| s < form.len()) {
+            for split in splits
+                .into_iter()
+                .filter(|&s| s < form.len() && strategy.supports_split(s))
+            {
                 for &fetch in &a.fetch {
                     v.push(TrialSpec {
                         strategy,
