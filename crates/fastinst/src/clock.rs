@@ -125,8 +125,12 @@ impl ThreadClock {
     #[inline(always)]
     pub fn hook_ticks(&self) -> u64 {
         self.stamped()
-            + self.fast_calls() * u64::from(FAST_COST.load(Ordering::Relaxed))
-            + self.fast_exits() * u64::from(FAST_EXIT_COST.load(Ordering::Relaxed))
+            + fast_charge(
+                self.fast_calls(),
+                self.fast_exits(),
+                FAST_COST.load(Ordering::Relaxed),
+                FAST_EXIT_COST.load(Ordering::Relaxed),
+            )
     }
 
     /// Exits that took the exit hook's cheap path on this thread.
@@ -396,14 +400,38 @@ fn hook_part(since: u64, now: u64) -> u64 {
 static UNSEEN_FI: AtomicU32 = AtomicU32::new(0);
 static UNSEEN_SLED: AtomicU32 = AtomicU32::new(0);
 
-/// Ticks a call through a sled's counting stub costs (`hookcost`
-/// measures it once per process; 0 before). Changed only before any
-/// counting stub is armed: a thread's hook ticks must only grow.
+/// Fraction bits of [`FAST_COST`] and [`FAST_EXIT_COST`]: a few ticks
+/// each, charged to millions of calls, so rounding them to whole ticks
+/// moved every counted window's exposure by up to half a tick a call.
+const COST_FRACTION_BITS: u32 = 8;
+
+/// What a call through a counting stub costs (`hookcost` measures it once
+/// per process; 0 before), in ticks times `2^COST_FRACTION_BITS`.
+/// Changed only before any counting stub is armed: a thread's hook ticks
+/// must only grow.
 static FAST_COST: AtomicU32 = AtomicU32::new(0);
 
-/// Ticks an exit through the exit hook's cheap path costs (measured once
-/// per process, as [`FAST_COST`]).
+/// What an exit through the exit hook's cheap path costs (measured once
+/// per process, as [`FAST_COST`]), in the same units.
 static FAST_EXIT_COST: AtomicU32 = AtomicU32::new(0);
+
+/// `ticks` in [`FAST_COST`]'s units.
+fn to_fixed(ticks: f64) -> u32 {
+    (ticks.max(0.0) * f64::from(1u32 << COST_FRACTION_BITS)).round() as u32
+}
+
+/// Whole ticks charged for `calls` counted calls and `exits` cheap exits
+/// at costs `call_cost` and `exit_cost` ([`FAST_COST`]'s units): growing
+/// with either count.
+#[inline(always)]
+fn fast_charge(calls: u64, exits: u64, call_cost: u32, exit_cost: u32) -> u64 {
+    (calls * u64::from(call_cost) + exits * u64::from(exit_cost)) >> COST_FRACTION_BITS
+}
+
+/// [`FAST_COST`]'s units in ticks.
+fn from_fixed(v: u32) -> f64 {
+    f64::from(v) / f64::from(1u32 << COST_FRACTION_BITS)
+}
 
 /// Whether `-finstrument-functions` exits from below the innermost timed
 /// call in flight on their thread take the cheap path. Read by the exit hook's stub (`sym`): a
@@ -427,24 +455,24 @@ pub fn cheap_exits() -> bool {
     FASTINST_CHEAP_EXITS.load(Ordering::Relaxed)
 }
 
-/// What an exit through the cheap path is charged.
-pub fn fast_exit_cost() -> u32 {
-    FAST_EXIT_COST.load(Ordering::Relaxed)
+/// Ticks an exit through the cheap path is charged.
+pub fn fast_exit_cost() -> f64 {
+    from_fixed(FAST_EXIT_COST.load(Ordering::Relaxed))
 }
 
 /// Sets [`fast_exit_cost`], as measured at start.
-pub(crate) fn set_fast_exit_cost(ticks: u32) {
-    FAST_EXIT_COST.store(ticks, Ordering::Relaxed);
+pub(crate) fn set_fast_exit_cost(ticks: f64) {
+    FAST_EXIT_COST.store(to_fixed(ticks), Ordering::Relaxed);
 }
 
-/// What a call through a sled's counting stub is charged.
-pub fn fast_cost() -> u32 {
-    FAST_COST.load(Ordering::Relaxed)
+/// Ticks a call through a counting stub is charged.
+pub fn fast_cost() -> f64 {
+    from_fixed(FAST_COST.load(Ordering::Relaxed))
 }
 
 /// Sets [`fast_cost`], as measured at start.
-pub(crate) fn set_fast_cost(ticks: u32) {
-    FAST_COST.store(ticks, Ordering::Relaxed);
+pub(crate) fn set_fast_cost(ticks: f64) {
+    FAST_COST.store(to_fixed(ticks), Ordering::Relaxed);
 }
 
 /// What the stamps of one hook of each path miss, as `hookcost` last
@@ -579,6 +607,26 @@ pub fn program_ticks(t0: u64, ticks0: u64, t1: u64, ticks1: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A counted call's cost is kept to a fraction of a tick: charged to a
+    /// million calls, 4.4 ticks is 4.4 million, where whole ticks made it
+    /// 4 million.
+    #[test]
+    fn counted_calls_are_charged_their_cost_to_a_fraction_of_a_tick() {
+        let (call, exit) = (to_fixed(4.4), to_fixed(3.3));
+        assert!((from_fixed(call) - 4.4).abs() < 0.01);
+        let charged = fast_charge(1_000_000, 1_000_000, call, exit) as f64;
+        assert!((charged - 7_700_000.0).abs() < 2_000.0, "{charged}");
+        assert_eq!(fast_charge(0, 0, call, exit), 0);
+        // Monotonic in each count: a thread's hook ticks only grow.
+        let mut last = 0;
+        for n in 0..1000 {
+            let c = fast_charge(n, n / 3, call, exit);
+            assert!(c >= last);
+            last = c;
+        }
+        assert_eq!(to_fixed(-1.0), 0, "a cost is never negative");
+    }
 
     #[test]
     fn a_reading_inside_a_long_hook_never_runs_ahead_of_its_charge() {

@@ -101,7 +101,7 @@ fn sled_costs(rounds: usize, n: u64) -> Option<Costs> {
 pub(crate) fn counted_call_hooks() -> f64 {
     match SLED_HOOK_TICKS.load(std::sync::atomic::Ordering::Relaxed) {
         0 => 1.0,
-        h => (f64::from(fast_cost()) / f64::from(h)).min(1.0),
+        h => (fast_cost() / f64::from(h)).min(1.0),
     }
 }
 
@@ -147,7 +147,7 @@ pub fn cheap_exit_cost(rounds: usize, n: u64) -> Option<f64> {
 pub(crate) fn cheap_exit_hooks() -> f64 {
     match FI_HOOK_TICKS.load(std::sync::atomic::Ordering::Relaxed) {
         0 => 1.0,
-        h => (f64::from(fast_exit_cost()) / f64::from(h)).min(1.0),
+        h => (fast_exit_cost() / f64::from(h)).min(1.0),
     }
 }
 
@@ -265,19 +265,19 @@ pub fn start_clock() {
             )),
         }
         match counting_cost(ROUNDS, 500) {
-            Some(c) => set_fast_cost(ticks(c)),
+            Some(c) => set_fast_cost(c),
             None => crate::log::warn(format_args!(
                 "clock: the sleds' counting path could not be calibrated; its calls are charged nothing"
             )),
         }
         match cheap_exit_cost(ROUNDS, 500) {
-            Some(c) => set_fast_exit_cost(ticks(c)),
+            Some(c) => set_fast_exit_cost(c),
             None => crate::log::warn(format_args!(
                 "clock: the exit hook's cheap path could not be calibrated; its exits are charged nothing"
             )),
         }
         crate::log::info(format_args!(
-            "clock: a hook's stamps miss {:?} ticks (finstrument, sled); a counted call costs {} ({:.3} hooks); a cheap exit {} ({:.3} hooks)",
+            "clock: a hook's stamps miss {:?} ticks (finstrument, sled); a counted call costs {:.2} ({:.3} hooks); a cheap exit {:.2} ({:.3} hooks)",
             unseen_ticks(),
             fast_cost(),
             counted_call_hooks(),
