@@ -53,10 +53,9 @@ pub(crate) struct Counted {
     /// The stub's counter.
     pub(crate) counter: &'static Counter,
     /// The call's operand as compiled (to the hook, through the PLT):
-    /// what a detach puts back.
+    /// what a detach puts back. (The operand to the stub is the site's
+    /// own: `CallSite::on`.)
     pub(crate) original: i32,
-    /// The call's operand to its stub.
-    pub(crate) to_stub: i32,
 }
 
 /// Whether entry calls discovered from now on get counting stubs.
@@ -138,7 +137,6 @@ unsafe fn give_stub(site: usize, operand: i32, hook: usize) -> Option<(CallSite,
     let counted = Box::leak(Box::new(Counted {
         counter,
         original: operand,
-        to_stub,
     }));
     Some((call, counted))
 }
@@ -175,7 +173,13 @@ pub(crate) fn reapply(site: &CallSite, counted: &Counted) -> bool {
     // caller holds its lock; its page was made writable when the probe was
     // registered, and the operand lies in one line (checked when the stub
     // was given, and again above).
-    unsafe { swap_operand(site.addr(), counted.original, counted.to_stub) }
+    unsafe { swap_operand(site.addr(), counted.original, to_stub(site)) }
+}
+
+/// The operand of the call to its stub that `site` was made for.
+fn to_stub(site: &CallSite) -> i32 {
+    let on = site.on();
+    i32::from_le_bytes([on[1], on[2], on[3], on[4]])
 }
 
 #[cfg(test)]
@@ -273,7 +277,7 @@ mod tests {
             // A detach's restore: the file's call again.
             assert!(call.deactivate(callpatch::Mode::Flip).is_ok() && call.activate().is_ok());
             // SAFETY: as above.
-            let back = unsafe { swap_operand(site, counted.to_stub, operand) };
+            let back = unsafe { swap_operand(site, to_stub(&call), operand) };
             assert!(back, "the file's call put back");
             assert!(!call.is_active());
             assert!(reapply(&call, counted) && call.is_active(), "its stub again");
@@ -299,7 +303,7 @@ mod tests {
             let mut now = [0u8; 5];
             // SAFETY: the page is mapped.
             unsafe { wordpatch::read_code(site as *const u8, &mut now) };
-            let expect = given.map_or(operand, |(_, c)| c.to_stub);
+            let expect = given.as_ref().map_or(operand, |(c, _)| to_stub(c));
             assert_eq!(now[1..], expect.to_le_bytes(), "split {split}");
             f();
         }
