@@ -100,6 +100,9 @@ pub struct ThreadClock {
     /// another count in different lanes, so two threads calling one
     /// function do not pass its counter's cache line back and forth.
     lane: u64,
+    /// Its place in the thread table ([`thread`]): what a CPU sample notes
+    /// of the thread it was taken on.
+    index: u32,
 }
 
 /// Where a thread's [`ThreadClock::fast_calls`] lies in its record: the
@@ -238,6 +241,12 @@ impl ThreadClock {
         self.tid
     }
 
+    /// Its place in the thread table ([`thread`]).
+    #[inline(always)]
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
     /// Whether a hook stamped `now` starts inside another hook of this
     /// thread (a signal's): one began less than [`MAX_HOOK`] before and
     /// has not ended. (An older stamp is a hook that never ended, left by
@@ -272,6 +281,11 @@ pub fn period() -> (u32, u64) {
 /// Every thread's clock, in the order the threads first ran a hook.
 pub fn threads() -> impl Iterator<Item = &'static ThreadClock> {
     (0..THREADS.len()).filter_map(|i| THREADS.get(i))
+}
+
+/// The clock of the thread at `index` in the table ([`ThreadClock::index`]).
+pub fn thread(index: u32) -> Option<&'static ThreadClock> {
+    THREADS.get(index)
 }
 
 /// This thread's clock, if it has run a clocked hook.
@@ -320,6 +334,7 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
         // SAFETY: gettid has no preconditions.
         tid: unsafe { libc::gettid() },
         lane: crate::sled::counter::lane_offset(i),
+        index: i,
     });
     crate::spin::release(&PUSH);
     let (_, rec) = rec?;

@@ -244,6 +244,24 @@ fn check_accuracy(cc: &str, flag: &str) {
     // estimate that took leaf's callees' time off its total (the old one)
     // or charged the spin to its instrumented caller would not say so.
     let cpu = r.cpu.as_ref().expect("CPU samples were taken");
+    // Every kept sample is its thread's (each sampled thread has a clock),
+    // and each sampled thread ran hooks, which were charged.
+    let kept = cpu.samples - cpu.lost;
+    assert_eq!(
+        cpu.threads.iter().map(|t| t.samples).sum::<u64>(),
+        kept,
+        "{:?}",
+        cpu.threads
+    );
+    assert_eq!(
+        cpu.threads.iter().map(|t| t.profiler_samples).sum::<u64>(),
+        cpu.profiler_samples
+    );
+    let tids: std::collections::BTreeSet<i32> = cpu.threads.iter().map(|t| t.tid).collect();
+    assert_eq!(tids.len(), cpu.threads.len(), "a row per thread: {:?}", cpu.threads);
+    for t in &cpu.threads {
+        assert!(t.charged_ms > 0.0, "thread {}'s hooks were charged", t.tid);
+    }
     let spinning: f64 = cpu
         .other
         .iter()

@@ -245,6 +245,12 @@ mod tests {
                     samples: 3,
                     share: x(),
                 }],
+                threads: vec![crate::CpuThread {
+                    tid: 12,
+                    samples: 7,
+                    profiler_samples: 1,
+                    charged_ms: x(),
+                }],
             }),
         }
     }

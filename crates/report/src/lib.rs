@@ -49,7 +49,8 @@
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
 //! total_ms}], stacks: {names: [name], paths: [{frames: [index into
 //! names], samples, self_ms}]}, cpu: {interval_us, samples,
-//! profiler_samples, lost, other: [{name, samples, share}]} or null}`
+//! profiler_samples, lost, other: [{name, samples, share}], threads: [{tid,
+//! samples, profiler_samples, charged_ms}]} or null}`
 //! (paths ordered as their folded lines sort: by their frames' names,
 //! outermost first); times in milliseconds (`_ms`) or microseconds
 //! (`_us`). Versions 1 to 3 are still read; their missing fields take
@@ -143,6 +144,51 @@ pub struct CpuOut {
     /// (`[unknown]` where there is none), most first: the shares of code
     /// that has no probes (the C library, uninstrumented objects).
     pub other: Vec<CpuRow>,
+    /// Each sampled thread's samples beside the profiler time charged to
+    /// it, by thread id (reports written before they were kept: none).
+    #[serde(default)]
+    pub threads: Vec<CpuThread>,
+}
+
+impl CpuOut {
+    /// The profiler's time in the CPU samples of the threads `tids` (all
+    /// of them: `None`) beyond what was charged to those threads, and that
+    /// figure's standard deviation (ms): the samples in the profiler's
+    /// code are a count, whose spread is its square root. `None` without
+    /// per-thread figures.
+    pub fn uncharged_ms(&self, tids: Option<&[i32]>) -> Option<(f64, f64)> {
+        let rows: Vec<&CpuThread> = self
+            .threads
+            .iter()
+            .filter(|t| tids.is_none_or(|ids| ids.contains(&t.tid)))
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let seen: u64 = rows.iter().map(|t| t.profiler_samples).sum();
+        let charged: f64 = rows.iter().map(|t| t.charged_ms).sum();
+        let ms = self.interval_us / 1e3;
+        Some((seen as f64 * ms - charged, (seen as f64).sqrt() * ms))
+    }
+}
+
+/// One thread's CPU samples and the profiler time charged to it over the
+/// same stretch: the charge is what the program clock takes off the
+/// thread's durations (its hooks as stamped, with what the stamps miss, and
+/// its counted calls and cheap exits at their calibrated costs); the
+/// samples in the profiler's code measure that time another way, with
+/// whatever the calibration did not see (a counter's cache line missed
+/// in a real program, say).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CpuThread {
+    /// Kernel thread id.
+    pub tid: i32,
+    /// Its samples.
+    pub samples: u64,
+    /// Of those, in the profiler's own code.
+    pub profiler_samples: u64,
+    /// The profiler's time charged to it until the samples stopped (ms).
+    pub charged_ms: f64,
 }
 
 /// CPU samples in one place.
@@ -553,6 +599,34 @@ pub struct StackRow {
     pub self_ms: f64,
 }
 
+/// The text's line on the profiler time the CPU samples saw against what
+/// was charged ([`CpuOut::threads`]), if there are per-thread figures and
+/// samples in the profiler's code. Where the samples saw more than two
+/// deviations beyond the charge, that time is in the program's durations:
+/// a call's total holds its share of it, a thread body's or `main`'s
+/// nearly all of its thread's.
+fn uncharged_line(cpu: &CpuOut) -> Option<String> {
+    let (diff, sd) = cpu.uncharged_ms(None)?;
+    let ms = cpu.interval_us / 1e3;
+    let seen = cpu.threads.iter().map(|t| t.profiler_samples).sum::<u64>() as f64 * ms;
+    if seen == 0.0 {
+        return None;
+    }
+    let charged = seen - diff;
+    let cpu_ms = cpu.threads.iter().map(|t| t.samples).sum::<u64>() as f64 * ms;
+    let head = format!(
+        "profiler time: {seen:.1} +- {sd:.1} ms of the sampled threads' CPU samples in the profiler's code, {charged:.1} ms charged to them"
+    );
+    Some(if diff > 2.0 * sd {
+        format!(
+            "{head}: the {diff:.1} ms more ({:.1}% of their CPU time) stays in the durations, which read up to that share long (main's and thread bodies' totals nearly all of it), besides the profiler's effect on the program's caches, which no figure here measures (docs/profiler.md)",
+            100.0 * diff / cpu_ms.max(f64::MIN_POSITIVE)
+        )
+    } else {
+        format!("{head}: the two agree within two deviations")
+    })
+}
+
 /// The text report.
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
@@ -643,6 +717,9 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             "cpu samples: {} (every {:.0} us of a thread's CPU time), {} in the profiler left out, {} lost",
             cpu.samples, cpu.interval_us, cpu.profiler_samples, cpu.lost
         )?;
+        if let Some(line) = uncharged_line(cpu) {
+            writeln!(s, "{line}")?;
+        }
     }
     if let Some(w) = o.cpu_wait_share.filter(|&w| w >= CONTENDED_PERCENT) {
         writeln!(
@@ -669,7 +746,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation of sampling and hook charges (a long call, main or a thread body above all, also holds the profiler's slowing of the program beyond its charges, which no +- holds: docs/profiler.md); self: CPU samples"
+        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation of sampling and hook charges (a long call, main or a thread body above all, also holds the profiler's slowing of the program beyond its charges, which no +- holds: the profiler time line measures its own code's part; docs/profiler.md); self: CPU samples"
     )?;
     writeln!(
         s,
@@ -1333,5 +1410,47 @@ mod tests {
                 w[1]
             );
         }
+    }
+
+    /// The profiler time the samples saw, against the charge: stated in
+    /// the text where it is more than two deviations beyond it, with its
+    /// share of the threads' CPU time.
+    #[test]
+    fn time_the_charges_missed_is_stated_where_the_samples_show_it() {
+        let thread = |tid, samples, profiler_samples, charged_ms| CpuThread {
+            tid,
+            samples,
+            profiler_samples,
+            charged_ms,
+        };
+        // 400 samples of 500 us in the profiler's code, 200 ms; 150 ms
+        // charged; 2,000 samples in all, 1,000 ms.
+        let mut cpu = CpuOut {
+            interval_us: 500.0,
+            threads: vec![thread(7, 1500, 300, 100.0), thread(8, 500, 100, 50.0)],
+            ..CpuOut::default()
+        };
+        let line = uncharged_line(&cpu).expect("a line");
+        assert!(
+            line.starts_with("profiler time: 200.0 +- 10.0 ms of the sampled threads' CPU samples in the profiler's code, 150.0 ms charged to them: the 50.0 ms more (5.0% of their CPU time)"),
+            "{line}"
+        );
+        let r = Report {
+            cpu: Some(cpu.clone()),
+            ..Report::default()
+        };
+        assert!(render_text(&r).contains(&line));
+        // 15 ms more is within two deviations of 10 ms.
+        cpu.threads[0].charged_ms = 135.0;
+        let line = uncharged_line(&cpu).unwrap();
+        assert!(
+            line.ends_with("185.0 ms charged to them: the two agree within two deviations"),
+            "{line}"
+        );
+        // Nothing to say without per-thread figures or profiler samples.
+        cpu.threads.iter_mut().for_each(|t| t.profiler_samples = 0);
+        assert_eq!(uncharged_line(&cpu), None);
+        cpu.threads.clear();
+        assert_eq!(uncharged_line(&cpu), None);
     }
 }

@@ -9,8 +9,10 @@
 //! may open on itself), the event `perf record` samples an uninstrumented
 //! build with: every [`PERIOD_NS`] of the thread's CPU time the kernel
 //! sends the thread `SIGTRAP` (the event's `sigtrap` mode), whose handler
-//! notes the interrupted program counter, and whether a
-//! hook's handler was running. At the report, each counter is charged to
+//! notes the interrupted program counter, whether a
+//! hook's handler was running, and the thread's place in the clock's table
+//! (`super::uncharged` sets each thread's profiler time in its samples
+//! beside its charge). At the report, each counter is charged to
 //! the function holding it (an instrumented function's extent, or the
 //! symbol found by `dladdr`); samples inside a handler, or in fastinst's
 //! own library, are the profiler's own time and are left out of every
@@ -35,6 +37,45 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 /// Marks a sample taken while a hook's handler ran (user addresses are
 /// below 2^47).
 pub const IN_HOOK: u64 = 1 << 63;
+
+/// Where a kept sample notes its thread: bits 47-62, above every user
+/// address, hold one more than the thread's place in the clock's table
+/// (`crate::clock::ThreadClock::index`), 0 for a thread without a clock,
+/// and [`THREAD_MAX`] for every thread from there on.
+const THREAD_SHIFT: u32 = 47;
+/// The largest thread tag; the program counter's bits below it.
+const THREAD_MAX: u64 = (1 << 16) - 1;
+const PC_MASK: u64 = (1 << THREAD_SHIFT) - 1;
+
+/// One CPU sample as kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sample {
+    /// The interrupted program counter (its bits below 2^47: the legacy
+    /// vsyscall page, the one user code above, reads as a low address that
+    /// no module holds).
+    pub(crate) pc: u64,
+    /// Whether a hook's handler was running.
+    pub(crate) in_hook: bool,
+    /// The thread's place in the clock's table, where it had a clock and
+    /// that place is below [`THREAD_MAX`] - 1.
+    pub(crate) thread: Option<u32>,
+}
+
+/// A sample in one word: never 0 (an unwritten slot), for a program
+/// counter is never 0.
+fn encode(pc: u64, in_hook: bool, thread: Option<u32>) -> u64 {
+    let tag = thread.map_or(0, |i| (u64::from(i) + 1).min(THREAD_MAX));
+    pc & PC_MASK | tag << THREAD_SHIFT | if in_hook { IN_HOOK } else { 0 }
+}
+
+fn decode(word: u64) -> Sample {
+    let tag = (word & !IN_HOOK) >> THREAD_SHIFT;
+    Sample {
+        pc: word & PC_MASK,
+        in_hook: word & IN_HOOK != 0,
+        thread: (tag != 0 && tag != THREAD_MAX).then(|| (tag - 1) as u32),
+    }
+}
 
 /// Samples kept.
 pub const CAPACITY: usize = 1 << 22;
@@ -326,8 +367,10 @@ pub(crate) fn reset() {
 }
 
 extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // Async-signal-safe: reads the interrupted context, one atomic add, one
-    // atomic store; no system call, no allocation, no lock.
+    // Async-signal-safe: reads the interrupted context and the thread's
+    // clock slot (a thread-local word, and a field of the record it points
+    // at, which is never freed), one atomic add, one atomic store; no
+    // system call, no allocation, no lock.
     if ctx.is_null() || info.is_null() || !ON.load(Ordering::Relaxed) {
         // Stopped: an event stays disabled once it has fired.
         return;
@@ -340,18 +383,18 @@ extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
     // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.
     let pc = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
-    let pc = pc & !IN_HOOK | if crate::arch::tls::guard_get() { IN_HOOK } else { 0 };
+    let thread = crate::clock::current().map(|c| c.index());
+    let word = encode(pc, crate::arch::tls::guard_get(), thread);
     let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
     let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
     if i < CAPACITY && !buf.is_null() {
         // SAFETY: `buf` holds CAPACITY slots for the life of the process.
-        unsafe { (*buf.add(i)).store(pc, Ordering::Relaxed) };
+        unsafe { (*buf.add(i)).store(word, Ordering::Relaxed) };
     }
 }
 
-/// The samples: the program counters kept (with [`IN_HOOK`] on those
-/// taken in a handler), and how many were taken in all.
-pub(crate) fn samples() -> (Vec<u64>, u64) {
+/// The samples kept, and how many were taken in all.
+pub(crate) fn samples() -> (Vec<Sample>, u64) {
     let n = NEXT.load(Ordering::Acquire);
     let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
     if buf.is_null() {
@@ -362,7 +405,8 @@ pub(crate) fn samples() -> (Vec<u64>, u64) {
     // being: a zero is skipped).
     let v = (0..kept)
         .map(|i| unsafe { (*buf.add(i)).load(Ordering::Relaxed) })
-        .filter(|&pc| pc != 0)
+        .filter(|&w| w != 0)
+        .map(decode)
         .collect();
     (v, n)
 }
@@ -408,6 +452,32 @@ pub(crate) fn own_library() -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_keeps_its_counter_its_thread_and_whether_a_handler_ran() {
+        let pc = 0x7f12_3456_789a;
+        for in_hook in [false, true] {
+            for thread in [None, Some(0), Some(1), Some(70_000), Some(THREAD_MAX as u32 - 2)] {
+                let w = encode(pc, in_hook, thread);
+                assert_ne!(w, 0);
+                let want = thread.filter(|&i| u64::from(i) + 1 < THREAD_MAX);
+                assert_eq!(
+                    decode(w),
+                    Sample {
+                        pc,
+                        in_hook,
+                        thread: want
+                    },
+                    "{thread:?}"
+                );
+            }
+        }
+        // The vsyscall page's counter loses its high bits, never the
+        // thread's or the handler's mark.
+        let s = decode(encode(0xffff_ffff_ff60_0000, true, Some(3)));
+        assert_eq!((s.in_hook, s.thread), (true, Some(3)));
+        assert!(s.pc < 1 << 47);
+    }
 
     #[test]
     fn linked_into_a_program_fastinst_is_no_library_of_its_own() {

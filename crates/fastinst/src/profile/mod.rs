@@ -60,6 +60,7 @@ mod store;
 mod survival;
 mod table;
 mod thread;
+mod uncharged;
 mod window;
 
 use crate::probe::{ProbeKind, ProbeMeta};
@@ -299,6 +300,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     // generation forgets the last one's samples.
     if cpu_samples {
         cpusample::reset();
+        uncharged::begin();
         cpusample::start();
     }
     let sampling = tsc::now();
@@ -350,6 +352,7 @@ pub(crate) fn end_for_detach(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
     p.stop.store(true, Ordering::Relaxed);
     crate::clock::set_cheap_exits(false);
+    uncharged::freeze();
     cpusample::close_events();
     let until = Instant::now() + wait;
     while !p.sampler_done.load(Ordering::Acquire) {
@@ -469,6 +472,7 @@ pub(crate) fn fork_child() {
     // Its timers were reset by fork.
     cpusample::reset();
     if p.settings.cpu_samples {
+        uncharged::begin();
         cpusample::start();
     }
 }

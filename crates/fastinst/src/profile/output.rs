@@ -102,6 +102,7 @@ pub(crate) fn write_reports(on_demand: bool) {
     }
     if !on_demand {
         let began = wordpatch::tsc::now();
+        super::uncharged::freeze();
         cpusample::stop();
         // This thread's calls still in flight (main's, at exit) end now.
         with_local(|store, sh| close_open_frames(p, store, sh));

@@ -239,7 +239,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         Some((a, _)) if !a.censored.is_empty() => total_of(fi),
         _ => 0.0,
     };
-    let cpu = cpu_attribution(&ranges, &p.program);
+    let cpu = cpu_attribution(&ranges, &p.program, ticks_per_ns * 1e6);
 
     // Edges, merged by caller function.
     // (caller name, callee) -> (timed calls, the calls they stand for,
@@ -447,17 +447,25 @@ struct Cpu {
 /// program counter (`ranges`), or else to its symbol ([`symbol_name`]); the
 /// profiler's own samples (in a handler, in its library, or in a sled's
 /// stub) apart.
-fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str) -> Cpu {
-    let (pcs, taken) = super::cpusample::samples();
+fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str, ticks_per_ms: f64) -> Cpu {
+    let (samples, taken) = super::cpusample::samples();
     let (lo, hi) = super::cpusample::own_library();
     let stubs = crate::sled::stubarea::stub_areas();
+    let samples: Vec<(super::cpusample::Sample, bool)> = samples
+        .into_iter()
+        .map(|s| {
+            let in_stub = || stubs.iter().any(|&(a, b)| (a..b).contains(&(s.pc as usize)));
+            (s, s.in_hook || (lo..hi).contains(&s.pc) || in_stub())
+        })
+        .collect();
+    let threads = super::uncharged::rows(&samples, ticks_per_ms);
     let mut by_function: FxMap<u32, u64> = FxMap::default();
     let mut other: FxMap<u64, u64> = FxMap::default();
     let mut by_symbol: FxMap<Arc<str>, u64> = FxMap::default();
     let (mut program, mut profiler) = (0u64, 0u64);
-    for pc in pcs {
-        let in_stub = || stubs.iter().any(|&(a, b)| (a..b).contains(&(pc as usize)));
-        if pc & super::cpusample::IN_HOOK != 0 || (lo..hi).contains(&pc) || in_stub() {
+    for (s, in_profiler) in samples {
+        let pc = s.pc;
+        if in_profiler {
             profiler += 1;
             continue;
         }
@@ -495,6 +503,7 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str) -> Cpu {
             profiler_samples: profiler,
             lost: taken.saturating_sub(kept),
             other: rows,
+            threads,
         },
     }
 }
