@@ -19,7 +19,13 @@
 //!   (the full trace's hooks lengthen every thread's life, and the
 //!   probes-off run's wall time holds the process's start and exit
 //!   besides `main`);
-//! - under the profiler (the default tool), `runs` times.
+//! - under the trace again with only the functions whose percentiles are
+//!   checked probed, once before each profiled run: their p50 and p99
+//!   without the hooks of their short callees, whose cost beyond the
+//!   charges lengthens every caller's duration in the full trace;
+//! - under the profiler (the default tool), `runs` times;
+//! - under the full trace again, after the profiled runs: how often the
+//!   reference meets itself within the percentiles' target.
 //!
 //! and compares, per function, against the targets:
 //! - calls within ±15% of exact, for every function with at least 1% of
@@ -32,7 +38,8 @@
 //!   report's `+-` covers its error (no fixed target: the traced run
 //!   differs from the profiled one by the trace's own cost);
 //! - p50 and p99 within ±10% of the trace's, for functions whose traced
-//!   p50 is at least 1 µs.
+//!   p50 is at least 1 µs; and within ±10% of the trace of those
+//!   functions alone, for those whose p50 there is at least 1 µs.
 
 use crate::error::{EvalError, Result};
 use crate::measure::run_once;
@@ -180,7 +187,24 @@ pub struct PercentileCheck {
     /// (`None`: a report without them).
     #[serde(default)]
     pub ranges: Vec<(Option<Range>, Option<Range>)>,
+    /// The trace of the checked functions alone (`FASTINST_FUNCTIONS`),
+    /// one run before each profiled run: the p50 and p99 (us) of the run
+    /// whose p50 is the median, and that run's ranges of them (`None`:
+    /// older results, or a function that trace did not see). With only
+    /// these functions probed, a call holds none of the hooks of its many
+    /// short callees, whose cost beyond their charges lengthens the full
+    /// trace's durations.
+    #[serde(default)]
+    pub alone: Option<Traced>,
+    /// The full trace's p50 and p99 (us) in a second run, after the
+    /// profiled runs (`None`: older results, or a function it did not
+    /// see): how far the reference itself moves between runs.
+    #[serde(default)]
+    pub trace_again: Option<(f64, f64)>,
 }
+
+/// A traced p50 and p99 (us) and their ranges.
+pub type Traced = ((f64, f64), (Option<Range>, Option<Range>));
 
 /// A pass count: `ok` of `of`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq)]
@@ -307,6 +331,55 @@ impl Config {
         }))
     }
 
+    /// The checks against the trace of the checked functions alone whose
+    /// p50 there is at least [`PERCENTILE_FLOOR_US`], with that trace's
+    /// figures.
+    fn alone(&self) -> impl Iterator<Item = (&PercentileCheck, &Traced)> {
+        self.percentiles
+            .iter()
+            .filter_map(|p| Some((p, p.alone.as_ref()?)))
+            .filter(|(_, t)| t.0 .0 >= PERCENTILE_FLOOR_US)
+    }
+
+    /// p50s and p99s within target of the trace of the checked functions
+    /// alone (each counted).
+    pub fn percentiles_alone_tally(&self) -> Tally {
+        tally(self.alone().flat_map(|(p, t)| {
+            p.profile.iter().flat_map(move |&(a, b)| {
+                [
+                    ratio_ok(a, t.0 .0, PERCENTILE_TOLERANCE),
+                    ratio_ok(b, t.0 .1, PERCENTILE_TOLERANCE),
+                ]
+            })
+        }))
+    }
+
+    /// p50s and p99s whose stated range meets that of the trace of the
+    /// checked functions alone.
+    pub fn ranges_alone_tally(&self) -> Tally {
+        tally(self.alone().flat_map(|(p, t)| {
+            p.ranges.iter().flat_map(move |&(a, b)| {
+                [
+                    a.is_some_and(|r| agree(r, t.0 .0, t.1 .0)),
+                    b.is_some_and(|r| agree(r, t.0 .1, t.1 .1)),
+                ]
+            })
+        }))
+    }
+
+    /// The second full trace's p50s and p99s within the target of the
+    /// first's: how often the reference meets itself on this machine.
+    pub fn trace_repeat_tally(&self) -> Tally {
+        tally(self.percentiles.iter().flat_map(|p| {
+            p.trace_again.into_iter().flat_map(move |(a, b)| {
+                [
+                    ratio_ok(a, p.trace.0, PERCENTILE_TOLERANCE),
+                    ratio_ok(b, p.trace.1, PERCENTILE_TOLERANCE),
+                ]
+            })
+        }))
+    }
+
     /// p50s and p99s within target (each counted).
     pub fn percentiles_tally(&self) -> Tally {
         tally(self.percentiles.iter().flat_map(|p| {
@@ -420,7 +493,13 @@ pub fn measure(
     // alternately with the profile's stands for the same stretch of time.
     let top_names = top_level(&trace);
     let only = [("FASTINST_FUNCTIONS".to_string(), top_names.join(","))];
+    // The functions whose percentiles are checked, traced alone: the full
+    // trace's short callees' hooks cost more than their charges inside
+    // every caller's durations. Alternated with the profiles, as above.
+    let checked = percentile_names(&trace);
+    let only_checked = [("FASTINST_FUNCTIONS".to_string(), checked.join(","))];
     let mut top = Vec::new();
+    let mut alone = Vec::new();
     let mut profiles = Vec::new();
     let mut walls = Vec::new();
     for i in 0..opts.runs.max(1) {
@@ -428,22 +507,67 @@ pub fn measure(
             let (d, _) = tool_with("trace", &format!("trace-top-{i}"), &only)?;
             top.push(read_report(&d, "fastinst-trace")?);
         }
+        if !checked.is_empty() {
+            let (d, _) = tool_with("trace", &format!("trace-checked-{i}"), &only_checked)?;
+            alone.push(read_report(&d, "fastinst-trace")?);
+        }
         let (d, wall) = tool("profile", &format!("profile-{i}"))?;
         profiles.push(read_report(&d, "fastinst-profile")?);
         walls.push(wall);
     }
+    // The full trace again, after the profiles: how far the reference
+    // itself moves between runs on this machine.
+    let (again_dir, _) = tool("trace", "trace-again")?;
+    let again = read_report(&again_dir, "fastinst-trace")?;
     Ok(compare(
         inst.program,
         inst.compiler.name(),
         &exact,
         &trace,
-        &top,
+        &References {
+            top: &top,
+            alone: &alone,
+            again: Some(&again),
+        },
         &profiles,
         perf,
         plain_run.wall_s,
         off_s,
         walls.iter().sum::<f64>() / walls.len() as f64,
     ))
+}
+
+/// The second references: traces of a few functions alone, one before
+/// each profiled run, whose durations hold little of the probes' cost;
+/// and the full trace again.
+pub struct References<'a> {
+    /// `main` and the thread bodies alone ([`top_level`]).
+    pub top: &'a [fastinst::profile::report::Report],
+    /// The functions whose percentiles are checked alone
+    /// ([`percentile_names`]).
+    pub alone: &'a [fastinst::profile::report::Report],
+    /// The full trace run a second time.
+    pub again: Option<&'a fastinst::profile::report::Report>,
+}
+
+/// Whether the trace's row `t` is one whose percentiles are checked.
+fn checked_percentiles(t: &fastinst::profile::report::FunctionRow) -> bool {
+    t.p50_us >= PERCENTILE_FLOOR_US && t.calls_sampled >= PERCENTILE_MIN_CALLS
+}
+
+/// The names of the functions whose percentiles are checked, each once,
+/// as `FASTINST_FUNCTIONS` globs: a name holding a comma (a C++
+/// template's) cannot be one, and is left out.
+pub fn percentile_names(trace: &fastinst::profile::report::Report) -> Vec<String> {
+    let mut v: Vec<String> = trace
+        .functions
+        .iter()
+        .filter(|t| checked_percentiles(t) && !t.name.contains(','))
+        .map(|t| t.name.clone())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Compares profiles against the references.
@@ -453,7 +577,7 @@ pub fn compare(
     build: &str,
     exact: &BTreeMap<String, u64>,
     trace: &fastinst::profile::report::Report,
-    top: &[fastinst::profile::report::Report],
+    refs: &References,
     profiles: &[fastinst::profile::report::Report],
     perf: Option<&SelfReferences>,
     plain_s: f64,
@@ -548,7 +672,9 @@ pub fn compare(
     }
 
     let trace_rows = by_name(trace);
-    let top_rows: Vec<_> = top.iter().map(by_name).collect();
+    let top_rows: Vec<_> = refs.top.iter().map(by_name).collect();
+    let alone_rows: Vec<_> = refs.alone.iter().map(by_name).collect();
+    let again_rows = refs.again.map(by_name).unwrap_or_default();
     let inclusive: Vec<InclusiveCheck> = top_level(trace)
         .into_iter()
         .map(|name| {
@@ -609,8 +735,18 @@ pub fn compare(
     let mut percentiles: Vec<PercentileCheck> = trace
         .functions
         .iter()
-        .filter(|t| t.p50_us >= PERCENTILE_FLOOR_US && t.calls_sampled >= PERCENTILE_MIN_CALLS)
+        .filter(|t| checked_percentiles(t))
         .map(|t| PercentileCheck {
+            trace_again: again_rows.get(&t.name).map(|f| (f.p50_us, f.p99_us)),
+            alone: {
+                let mut seen: Vec<Traced> = alone_rows
+                    .iter()
+                    .filter_map(|r| r.get(&t.name))
+                    .map(|f| ((f.p50_us, f.p99_us), (f.p50_range, f.p99_range)))
+                    .collect();
+                seen.sort_by(|a, b| a.0 .0.total_cmp(&b.0 .0));
+                seen.get(seen.len() / 2).copied()
+            },
             name: t.name.clone(),
             trace: (t.p50_us, t.p99_us),
             trace_ranges: (t.p50_range, t.p99_range),
@@ -728,11 +864,11 @@ fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
@@ -747,6 +883,9 @@ pub fn render_markdown(configs: &[Config], header: &str) -> String {
             c.percentiles_tally(),
             c.ranges_tally(),
             c.narrow_tally(),
+            c.percentiles_alone_tally(),
+            c.ranges_alone_tally(),
+            c.trace_repeat_tally(),
             c.plain_s,
             c.off_s,
             c.profile_s
@@ -822,7 +961,7 @@ pub fn render_detail(c: &Config) -> String {
         let v: Vec<String> = k.profile.iter().map(|(x, sd)| format!("{x:.1} +- {sd:.1}")).collect();
         s.push_str(&format!("- {}: {} vs {:.1}\n", k.name, v.join(", "), k.trace_ms));
     }
-    s.push_str("\npercentiles (us; profile p50/p99 [stated 95% ranges] vs trace [its ranges]):\n\n");
+    s.push_str("\npercentiles (us; profile p50/p99 [stated 95% ranges] vs trace [its ranges], and the trace of the checked functions alone):\n\n");
     let range = |r: &Option<Range>| match r {
         Some(Range { lo, hi: Some(hi) }) => format!(" [{lo:.2}, {hi:.2}]"),
         Some(Range { lo, hi: None }) => format!(" [{lo:.2}, -]"),
@@ -838,8 +977,11 @@ pub fn render_detail(c: &Config) -> String {
                 format!("{a:.2}{}/{b:.2}{}", range(&ra), range(&rb))
             })
             .collect();
+        let alone = k.alone.map_or(String::new(), |((a, b), (ra, rb))| {
+            format!(", alone {a:.2}{}/{b:.2}{}", range(&ra), range(&rb))
+        });
         s.push_str(&format!(
-            "- {}: {} vs {:.2}{}/{:.2}{} ({} samples)\n",
+            "- {}: {} vs {:.2}{}/{:.2}{}{alone} ({} samples)\n",
             k.name,
             v.join(" "),
             k.trace.0,
@@ -923,6 +1065,8 @@ mod tests {
                 name: "f".into(),
                 trace: (10.0, 100.0),
                 trace_ranges: (None, None),
+                alone: None,
+                trace_again: None,
                 profile: vec![(10.0, 90.0), (12.0, 300.0)],
                 samples: vec![50, 50],
                 // Holds p50; p99 unbounded above, from 95; p50 from 11;
@@ -976,7 +1120,23 @@ mod tests {
         refs: Option<&SelfReferences>,
     ) -> Config {
         let exact = BTreeMap::from([("main".to_string(), 1u64)]);
-        compare(Program::Demo, "gcc", &exact, trace, top, profiles, refs, 0.0, 0.0, 0.0)
+        let traces = References {
+            top,
+            alone: &[],
+            again: None,
+        };
+        compare(
+            Program::Demo,
+            "gcc",
+            &exact,
+            trace,
+            &traces,
+            profiles,
+            refs,
+            0.0,
+            0.0,
+            0.0,
+        )
     }
 
     /// A report of process 1 holding `rows`, whose root calls `main`, with
@@ -1104,5 +1264,59 @@ mod tests {
         // figures stays a miss.
         assert_eq!(c.inclusive_tally(), Tally { ok: 0, of: 2 });
         assert_eq!(c.inclusive_less_uncharged_tally(), Tally { ok: 1, of: 2 });
+    }
+
+    /// The percentiles against the trace of the checked functions alone:
+    /// the median of its runs, and only the functions at least the floor
+    /// long there.
+    #[test]
+    fn percentiles_meet_the_checked_functions_traced_alone() {
+        use fastinst::profile::report::{FunctionRow, Report};
+        let row = |name: &str, p50_us: f64, p99_us: f64| FunctionRow {
+            name: name.into(),
+            threads: vec![1],
+            calls_sampled: 100,
+            calls_estimated: 100.0,
+            p50_us,
+            p99_us,
+            ..FunctionRow::default()
+        };
+        let report = |rows: Vec<FunctionRow>| rooted(rows, None);
+        // The full trace holds its callees' hooks: f 10/20 us, g 2/4.
+        let trace = report(vec![row("f", 10.0, 20.0), row("g", 2.0, 4.0), row("h", 0.5, 1.0)]);
+        assert_eq!(percentile_names(&trace), ["f", "g"]);
+        // Alone, f reads 5, 7 and 6 (median 6, p99 12); g under the floor.
+        let alone: Vec<Report> = [5.0, 7.0, 6.0]
+            .iter()
+            .map(|&x| report(vec![row("f", x, 2.0 * x), row("g", 0.5, 1.0)]))
+            .collect();
+        let profile = report(vec![row("f", 6.3, 11.5), row("g", 0.6, 1.1)]);
+        let exact = BTreeMap::from([("main".to_string(), 1u64)]);
+        let again = report(vec![row("f", 10.5, 23.0)]);
+        let refs = References {
+            top: &[],
+            alone: &alone,
+            again: Some(&again),
+        };
+        let c = compare(
+            Program::Demo,
+            "gcc",
+            &exact,
+            &trace,
+            &refs,
+            &[profile],
+            None,
+            0.0,
+            0.0,
+            0.0,
+        );
+        let f = c.percentiles.iter().find(|p| p.name == "f").unwrap();
+        assert_eq!(f.alone.map(|t| t.0), Some((6.0, 12.0)));
+        // Against the full trace: none within 10%; alone: f's two.
+        assert_eq!(c.percentiles_tally(), Tally { ok: 0, of: 4 });
+        assert_eq!(c.percentiles_alone_tally(), Tally { ok: 2, of: 2 });
+        // The trace again: f's p50 within 10% of the first's, its p99 not;
+        // g it did not see.
+        assert_eq!(c.trace_repeat_tally(), Tally { ok: 1, of: 2 });
     }
 }
