@@ -82,6 +82,10 @@ pub struct ThreadClock {
     open_since: AtomicU64,
     /// The period in which this thread last ran a hook.
     period: AtomicU32,
+    /// Its place in the thread table ([`thread`]): what a CPU sample notes
+    /// of the thread it was taken on (here, in the record's first line,
+    /// which its hooks keep in its CPU's cache, and in what was padding).
+    index: u32,
     /// Its hook ticks when that period began.
     period_base: AtomicU64,
     /// The period before that one in which it ran a hook, and its hook
@@ -100,9 +104,6 @@ pub struct ThreadClock {
     /// another count in different lanes, so two threads calling one
     /// function do not pass its counter's cache line back and forth.
     lane: u64,
-    /// Its place in the thread table ([`thread`]): what a CPU sample notes
-    /// of the thread it was taken on.
-    index: u32,
 }
 
 /// Where a thread's [`ThreadClock::fast_calls`] lies in its record: the
@@ -120,6 +121,9 @@ const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_exits) < 128);
 /// Where a thread's timed calls in flight lie (likewise).
 pub(crate) const TIMED_OFFSET: u8 = std::mem::offset_of!(ThreadClock, timed_sp) as u8;
 const _: () = assert!(std::mem::offset_of!(ThreadClock, timed_sp) < 128);
+// A CPU sample's handler reads the thread's place from the line its
+// hooks keep cached.
+const _: () = assert!(std::mem::offset_of!(ThreadClock, index) < 64);
 
 impl ThreadClock {
     /// Ticks this thread has spent inside hooks so far: as stamped, and

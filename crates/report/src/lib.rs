@@ -151,12 +151,10 @@ pub struct CpuOut {
 }
 
 impl CpuOut {
-    /// The profiler's time in the CPU samples of the threads `tids` (all
-    /// of them: `None`) beyond what was charged to those threads, and that
-    /// figure's standard deviation (ms): the samples in the profiler's
-    /// code are a count, whose spread is its square root. `None` without
-    /// per-thread figures.
-    pub fn uncharged_ms(&self, tids: Option<&[i32]>) -> Option<(f64, f64)> {
+    /// The threads `tids` (all of them: `None`) summed: their CPU time,
+    /// the profiler's time in their samples, and the time charged to them
+    /// (ms). `None` without per-thread figures.
+    pub fn profiler_time(&self, tids: Option<&[i32]>) -> Option<ProfilerTime> {
         let rows: Vec<&CpuThread> = self
             .threads
             .iter()
@@ -165,11 +163,38 @@ impl CpuOut {
         if rows.is_empty() {
             return None;
         }
-        let seen: u64 = rows.iter().map(|t| t.profiler_samples).sum();
-        let charged: f64 = rows.iter().map(|t| t.charged_ms).sum();
         let ms = self.interval_us / 1e3;
-        Some((seen as f64 * ms - charged, (seen as f64).sqrt() * ms))
+        let seen: u64 = rows.iter().map(|t| t.profiler_samples).sum();
+        Some(ProfilerTime {
+            cpu_ms: rows.iter().map(|t| t.samples).sum::<u64>() as f64 * ms,
+            seen_ms: seen as f64 * ms,
+            seen_sd_ms: (seen as f64).sqrt() * ms,
+            charged_ms: rows.iter().map(|t| t.charged_ms).sum(),
+        })
     }
+
+    /// The profiler's time in the CPU samples of the threads `tids` beyond
+    /// what was charged to them, and that figure's standard deviation (ms)
+    /// ([`CpuOut::profiler_time`]).
+    pub fn uncharged_ms(&self, tids: Option<&[i32]>) -> Option<(f64, f64)> {
+        let t = self.profiler_time(tids)?;
+        Some((t.seen_ms - t.charged_ms, t.seen_sd_ms))
+    }
+}
+
+/// The profiler's time on some threads, seen and charged
+/// ([`CpuOut::profiler_time`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProfilerTime {
+    /// The threads' CPU time in their samples (ms).
+    pub cpu_ms: f64,
+    /// Of it, in the profiler's code (ms).
+    pub seen_ms: f64,
+    /// Its standard deviation: the samples there are a count, whose
+    /// spread is its square root (ms).
+    pub seen_sd_ms: f64,
+    /// The profiler's time charged to the threads (ms).
+    pub charged_ms: f64,
 }
 
 /// One thread's CPU samples and the profiler time charged to it over the
@@ -606,14 +631,16 @@ pub struct StackRow {
 /// a call's total holds its share of it, a thread body's or `main`'s
 /// nearly all of its thread's.
 fn uncharged_line(cpu: &CpuOut) -> Option<String> {
-    let (diff, sd) = cpu.uncharged_ms(None)?;
-    let ms = cpu.interval_us / 1e3;
-    let seen = cpu.threads.iter().map(|t| t.profiler_samples).sum::<u64>() as f64 * ms;
+    let ProfilerTime {
+        cpu_ms,
+        seen_ms: seen,
+        seen_sd_ms: sd,
+        charged_ms: charged,
+    } = cpu.profiler_time(None)?;
     if seen == 0.0 {
         return None;
     }
-    let charged = seen - diff;
-    let cpu_ms = cpu.threads.iter().map(|t| t.samples).sum::<u64>() as f64 * ms;
+    let diff = seen - charged;
     let head = format!(
         "profiler time: {seen:.1} +- {sd:.1} ms of the sampled threads' CPU samples in the profiler's code, {charged:.1} ms charged to them"
     );
