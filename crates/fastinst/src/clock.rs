@@ -82,10 +82,6 @@ pub struct ThreadClock {
     open_since: AtomicU64,
     /// The period in which this thread last ran a hook.
     period: AtomicU32,
-    /// Its place in the thread table ([`thread`]): what a CPU sample notes
-    /// of the thread it was taken on (here, in the record's first line,
-    /// which its hooks keep in its CPU's cache, and in what was padding).
-    index: u32,
     /// Its hook ticks when that period began.
     period_base: AtomicU64,
     /// The period before that one in which it ran a hook, and its hook
@@ -121,9 +117,6 @@ const _: () = assert!(std::mem::offset_of!(ThreadClock, fast_exits) < 128);
 /// Where a thread's timed calls in flight lie (likewise).
 pub(crate) const TIMED_OFFSET: u8 = std::mem::offset_of!(ThreadClock, timed_sp) as u8;
 const _: () = assert!(std::mem::offset_of!(ThreadClock, timed_sp) < 128);
-// A CPU sample's handler reads the thread's place from the line its
-// hooks keep cached.
-const _: () = assert!(std::mem::offset_of!(ThreadClock, index) < 64);
 
 impl ThreadClock {
     /// Ticks this thread has spent inside hooks so far: as stamped, and
@@ -245,12 +238,6 @@ impl ThreadClock {
         self.tid
     }
 
-    /// Its place in the thread table ([`thread`]).
-    #[inline(always)]
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
     /// Whether a hook stamped `now` starts inside another hook of this
     /// thread (a signal's): one began less than [`MAX_HOOK`] before and
     /// has not ended. (An older stamp is a hook that never ended, left by
@@ -287,7 +274,8 @@ pub fn threads() -> impl Iterator<Item = &'static ThreadClock> {
     (0..THREADS.len()).filter_map(|i| THREADS.get(i))
 }
 
-/// The clock of the thread at `index` in the table ([`ThreadClock::index`]).
+/// The clock of the thread at `index` in the table (the order threads
+/// first ran a clocked hook in; what a CPU sample notes of its thread).
 pub fn thread(index: u32) -> Option<&'static ThreadClock> {
     THREADS.get(index)
 }
@@ -338,11 +326,11 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
         // SAFETY: gettid has no preconditions.
         tid: unsafe { libc::gettid() },
         lane: crate::sled::counter::lane_offset(i),
-        index: i,
     });
     crate::spin::release(&PUSH);
-    let (_, rec) = rec?;
+    let (i, rec) = rec?;
     crate::arch::tls::set_clock(rec as *const ThreadClock as u64);
+    crate::arch::tls::set_sample_tag(u64::from(i) + 1);
     // A thread already exiting has no destructors left to run: its record
     // then stays alive-looking, which only its end time shows.
     let _ = EXIT.try_with(|m| m.0.set(rec));

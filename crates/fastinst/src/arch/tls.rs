@@ -43,6 +43,12 @@ core::arch::global_asm!(
     ".size fastinst_clock,8",
     "fastinst_clock:",
     ".zero 8",
+    ".globl fastinst_sample_tag",
+    ".hidden fastinst_sample_tag",
+    ".type fastinst_sample_tag,@object",
+    ".size fastinst_sample_tag,8",
+    "fastinst_sample_tag:",
+    ".zero 8",
     ".globl fastinst_sled_shadow",
     ".hidden fastinst_sled_shadow",
     ".type fastinst_sled_shadow,@object",
@@ -180,6 +186,12 @@ word_slot!(
     clock,
     set_clock,
     "this thread's program clock (a pointer to its `clock::ThreadClock`; 0 before its first clocked hook)"
+);
+word_slot!(
+    "fastinst_sample_tag",
+    sample_tag,
+    set_sample_tag,
+    "one more than this thread's place in the clock's table (0 before its first clocked hook), for its CPU samples: unlike the clock's slot, never cleared as the thread exits, whose last samples are its own too"
 );
 word_slot!(
     "fastinst_sled_shadow",

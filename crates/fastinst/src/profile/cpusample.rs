@@ -40,7 +40,7 @@ pub const IN_HOOK: u64 = 1 << 63;
 
 /// Where a kept sample notes its thread: bits 47-62, above every user
 /// address, hold one more than the thread's place in the clock's table
-/// (`crate::clock::ThreadClock::index`), 0 for a thread without a clock,
+/// (`crate::clock::thread`), 0 for a thread without a clock,
 /// and [`THREAD_MAX`] for every thread from there on.
 const THREAD_SHIFT: u32 = 47;
 /// The largest thread tag; the program counter's bits below it.
@@ -367,10 +367,9 @@ pub(crate) fn reset() {
 }
 
 extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // Async-signal-safe: reads the interrupted context and the thread's
-    // clock slot (a thread-local word, and a field of the record it points
-    // at, which is never freed), one atomic add, one atomic store; no
-    // system call, no allocation, no lock.
+    // Async-signal-safe: reads the interrupted context and two static
+    // thread-local words, one atomic add, one atomic store; no system
+    // call, no allocation, no lock.
     if ctx.is_null() || info.is_null() || !ON.load(Ordering::Relaxed) {
         // Stopped: an event stays disabled once it has fired.
         return;
@@ -383,7 +382,7 @@ extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
     // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.
     let pc = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as u64;
-    let thread = crate::clock::current().map(|c| c.index());
+    let thread = (crate::arch::tls::sample_tag() as u32).checked_sub(1);
     let word = encode(pc, crate::arch::tls::guard_get(), thread);
     let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize;
     let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
