@@ -604,6 +604,28 @@ pub fn charge(ticks: u64) {
     }
 }
 
+/// Adds `ticks` of a signal that interrupted this thread (a CPU sample's,
+/// at its measured cost) to its hook time, from that signal's handler.
+///
+/// A hook in progress started before the signal: its start moves on by
+/// `ticks`, so that its own charge at its end (its stamps' stretch, at
+/// most [`MAX_HOOK`]) does not hold the signal too; readers on other
+/// threads see the hook time only grow. Async-signal-safe (atomics of the
+/// thread's own record). The one interleaving that loses the charge is a
+/// signal between a hook's end reading the count and storing it (a few
+/// instructions); one between a hook's stamp and its start being noted
+/// charges the signal twice, up to [`MAX_HOOK`].
+pub(crate) fn charge_signal(ticks: u64) {
+    let Some(rec) = current() else { return };
+    let since = rec.open_since.load(Ordering::Relaxed);
+    // The count first, as at a hook's end: a reader adds the running part
+    // to it.
+    rec.hook_ticks.store(rec.stamped() + ticks, Ordering::Release);
+    if since != 0 {
+        rec.open_since.store(since + ticks, Ordering::Release);
+    }
+}
+
 /// The program time of thread `rec` between two instants at which its
 /// hook counts were `ticks0` and `ticks1`.
 #[inline(always)]
@@ -734,6 +756,36 @@ mod tests {
             let rec = unsafe { &*(p as *const ThreadClock) };
             assert!(rec.died().is_some(), "the exit is recorded");
         })
+        .unwrap();
+    }
+
+    /// A signal charged between hooks is hook time whole; one charged
+    /// inside a hook moves the hook's start on, so the hook is charged
+    /// its own stretch and the signal once (not the cap: a signal of
+    /// several times [`MAX_HOOK`] inside a hook was charged at most the
+    /// cap, and the rest stayed in the program's time).
+    #[test]
+    fn a_signal_is_charged_once_inside_a_hook_or_out() {
+        std::thread::spawn(|| {
+            let t = tsc::now();
+            let rec = begin(t).expect("record");
+            end_fi(rec as *const ThreadClock as usize, t + 200);
+            let base = rec.hook_ticks();
+            charge_signal(40_000);
+            assert_eq!(rec.hook_ticks(), base + 40_000, "between hooks: whole");
+            let t = t + 1_000_000;
+            begin(t);
+            let mid = rec.hook_ticks_at(t + 100);
+            charge_signal(40_000);
+            let after = rec.hook_ticks_at(t + 40_200);
+            assert!(after >= mid, "readings never go back: {after} < {mid}");
+            // The hook ran 300 ticks besides the signal's 40,000.
+            end_fi(rec as *const ThreadClock as usize, t + 40_300);
+            let hook = rec.hook_ticks() - base - 40_000;
+            let unseen = u64::from(UNSEEN_FI.load(Ordering::Relaxed));
+            assert_eq!(hook - unseen, 40_300, "the signal and the hook's own 300 ticks");
+        })
+        .join()
         .unwrap();
     }
 

@@ -439,9 +439,14 @@ fn a_sled_exit_probe_sees_only_the_calls_sampled_on_entry() {
         // unseen cost is taken off as calibrated once at start: under the
         // suite's load the shortest level once read 49.1 us, as if that
         // calibration were ~10 ticks a hook too high; 3% allows for that.
+        // A level a CPU sample's signal landed in reads that signal's
+        // charge shorter besides: the spin runs to its deadline whatever
+        // interrupts it (docs/limits.md, work paced by the wall clock),
+        // and it holds one signal at most (a sample every 500 us of CPU).
+        let signal_us = r.cpu.as_ref().map_or(0.0, |c| c.signal_us);
         assert!(
-            descend.min_us >= 48.5 && descend.max_us <= r.wall_ms * 1e3,
-            "{cc}: sampled calls of {:.1} to {:.1} us in a {:.1} ms run",
+            descend.min_us >= 48.5 - signal_us && descend.max_us <= r.wall_ms * 1e3,
+            "{cc}: sampled calls of {:.1} to {:.1} us in a {:.1} ms run (a signal charged {signal_us:.1} us)",
             descend.min_us,
             descend.max_us,
             r.wall_ms
@@ -971,4 +976,74 @@ fn profile_build(
     let o = profiled(&inst, args, dir, &prof, env);
     assert_eq!(ok_stdout(&o, "profiled"), stdout);
     report(&prof)
+}
+
+/// A CPU sample is a signal, and a signal costs the thread it lands on
+/// time no hook stamps and no sample sees: the kernel's interrupt, the
+/// signal frame, the return (microseconds; in a virtual machine, several
+/// percent of a thread's time at the sampling period). The profiler
+/// measures it at start and charges it to
+/// the thread at each sample, so it is taken off the call it lands in:
+/// `grind`'s one call (`tests/c/grind.c`), timed whole, reads the
+/// program's own measure of it less its signals, which the report states.
+/// Uncharged, the call read the whole measure, signals and all. Both ways
+/// of sampling: a `cpu-clock` event's `SIGTRAP`, and, where the program
+/// does not leave `SIGTRAP` to the profiler (here it ignores it), the
+/// process timer's `SIGPROF`.
+#[test]
+fn a_sampling_signals_cost_is_taken_off_the_call_it_lands_in() {
+    use std::os::unix::process::CommandExt;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("grind");
+    let inst = dir.join("inst");
+    build("gcc", &[&src("grind.c")], &["-O2", SLED], &inst);
+    for timer in [false, true] {
+        let out = dir.join(format!("out-{timer}"));
+        let mut c = std::process::Command::new(&inst);
+        c.current_dir(&dir).env("LD_PRELOAD", lib()).env("FASTINST_OUT", &out);
+        if timer {
+            // SAFETY: runs in the forked child before it executes the
+            // program; `signal` is async-signal-safe.
+            unsafe {
+                c.pre_exec(|| {
+                    libc::signal(libc::SIGTRAP, libc::SIG_IGN);
+                    Ok(())
+                })
+            };
+        }
+        let o = output_within(c, RUN_LIMIT, "grind");
+        ok_stdout(&o, "profiled");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let measured_ms = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("grind took "))
+            .and_then(|l| l.trim_end_matches(" ns").parse::<f64>().ok())
+            .expect("the program's measure")
+            / 1e6;
+        let r = report(&out);
+        let cpu = r.cpu.as_ref().expect("CPU samples");
+        assert_eq!(cpu.interval_us, if timer { 997.0 } else { 500.0 }, "timer: {timer}");
+        assert!(
+            cpu.signal_us > 0.0 && cpu.signal_us < 1000.0,
+            "a signal's cost is measured: {} us",
+            cpu.signal_us
+        );
+        let text = fastinst::profile::report::render_text(&r);
+        assert!(text.contains("sampling signals: each cost its thread"), "{text}");
+        let g = r.functions.iter().find(|f| f.name == "grind").expect("grind");
+        assert!(g.calls_exact && g.calls_sampled == 1, "its one call is timed");
+        // The thread's samples nearly all fell in the call.
+        let signals_ms = cpu.samples as f64 * cpu.signal_us / 1e3;
+        let taken_off = measured_ms - g.total_ms;
+        println!(
+            "timer {timer}: grind {:.2} ms, the program measured {measured_ms:.2}; {} samples of {:.1} us: {signals_ms:.2} ms",
+            g.total_ms, cpu.samples, cpu.signal_us
+        );
+        assert!(cpu.samples >= 20, "{} samples", cpu.samples);
+        assert!(
+            taken_off >= 0.5 * signals_ms && taken_off <= 1.5 * signals_ms + 1.0,
+            "timer {timer}: {taken_off:.2} ms taken off grind's call, its signals {signals_ms:.2} ms"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

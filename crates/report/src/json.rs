@@ -251,6 +251,7 @@ mod tests {
                     profiler_samples: 1,
                     charged_ms: x(),
                 }],
+                signal_us: x(),
             }),
         }
     }

@@ -148,6 +148,13 @@ pub struct CpuOut {
     /// it, by thread id (reports written before they were kept: none).
     #[serde(default)]
     pub threads: Vec<CpuThread>,
+    /// What one sample's signal cost the thread it landed on (us: the
+    /// kernel's interrupt, signal frame and return, and the handler),
+    /// measured once at start and charged to that thread at each sample,
+    /// so no duration holds it; 0 where it was not measured (and reports
+    /// written before it was).
+    #[serde(default)]
+    pub signal_us: f64,
 }
 
 impl CpuOut {
@@ -212,7 +219,9 @@ pub struct CpuThread {
     pub samples: u64,
     /// Of those, in the profiler's own code.
     pub profiler_samples: u64,
-    /// The profiler's time charged to it until the samples stopped (ms).
+    /// The profiler's time charged to it until the samples stopped (ms):
+    /// its hooks', without the samples' own signals ([`CpuOut::signal_us`]
+    /// each), which no sample can see.
     pub charged_ms: f64,
 }
 
@@ -744,6 +753,14 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             "cpu samples: {} (every {:.0} us of a thread's CPU time), {} in the profiler left out, {} lost",
             cpu.samples, cpu.interval_us, cpu.profiler_samples, cpu.lost
         )?;
+        if cpu.signal_us > 0.0 {
+            writeln!(
+                s,
+                "sampling signals: each cost its thread {:.1} us (measured at start), {:.1} ms over the samples, charged to their threads as profiler time: in no duration",
+                cpu.signal_us,
+                cpu.signal_us * cpu.samples as f64 / 1e3
+            )?;
+        }
         if let Some(line) = uncharged_line(cpu) {
             writeln!(s, "{line}")?;
         }
@@ -1437,6 +1454,29 @@ mod tests {
                 w[1]
             );
         }
+    }
+
+    /// The samples' signals are stated with their cost and total where it
+    /// was measured, and not otherwise.
+    #[test]
+    fn the_sampling_signals_cost_is_stated_where_it_was_measured() {
+        let mut cpu = CpuOut {
+            interval_us: 500.0,
+            samples: 400,
+            signal_us: 15.0,
+            ..CpuOut::default()
+        };
+        let text = |cpu: &CpuOut| {
+            render_text(&Report {
+                cpu: Some(cpu.clone()),
+                ..Report::default()
+            })
+        };
+        assert!(text(&cpu).contains(
+            "sampling signals: each cost its thread 15.0 us (measured at start), 6.0 ms over the samples, charged to their threads as profiler time: in no duration"
+        ));
+        cpu.signal_us = 0.0;
+        assert!(!text(&cpu).contains("sampling signals"));
     }
 
     /// The profiler time the samples saw, against the charge: stated in

@@ -183,8 +183,13 @@ pub(crate) fn start() -> bool {
         }
     }
     // Events (SIGTRAP) first, the process timer (SIGPROF) where there are
-    // none; the handler is installed before the event opens.
+    // none; the handler is installed before the event opens. What a signal
+    // costs its thread is measured once, before samples are on
+    // (`super::signalcost`).
     if install(libc::SIGTRAP) {
+        if super::signalcost::ticks() == 0 {
+            super::signalcost::periodic(|| open_cpu_clock(super::signalcost::PERIOD_NS, PERF_SAMPLE_IP, FLAGS));
+        }
         ON.store(true, Ordering::Release);
         MODE.store(Mode::Events as u8, Ordering::Release);
         if open_event() {
@@ -195,6 +200,9 @@ pub(crate) fn start() -> bool {
     }
     if !install(libc::SIGPROF) {
         return false;
+    }
+    if super::signalcost::ticks() == 0 {
+        super::signalcost::sent(libc::SIGPROF);
     }
     let tv = libc::timeval {
         tv_sec: 0,
@@ -368,16 +376,20 @@ pub(crate) fn reset() {
 
 extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // Async-signal-safe: reads the interrupted context and two static
-    // thread-local words, one atomic add, one atomic store; no system
-    // call, no allocation, no lock.
-    if ctx.is_null() || info.is_null() || !ON.load(Ordering::Relaxed) {
-        // Stopped: an event stays disabled once it has fired.
+    // thread-local words, one atomic add, one atomic store, and charges
+    // the signal to the thread's clock (atomics of its own record); no
+    // system call, no allocation, no lock.
+    if ctx.is_null() || info.is_null() {
         return;
     }
     // SAFETY: the kernel passes a siginfo_t.
     let (signo, code) = unsafe { ((*info).si_signo, (*info).si_code) };
     if signo == libc::SIGTRAP && code != TRAP_PERF {
         // Not ours (a breakpoint): nothing to note.
+        return;
+    }
+    if super::signalcost::counted() || !ON.load(Ordering::Relaxed) {
+        // Measured, or stopped: an event stays disabled once it has fired.
         return;
     }
     // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.
@@ -390,6 +402,7 @@ extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         // SAFETY: `buf` holds CAPACITY slots for the life of the process.
         unsafe { (*buf.add(i)).store(word, Ordering::Relaxed) };
     }
+    super::signalcost::charge();
 }
 
 /// The samples kept, and how many were taken in all.

@@ -54,6 +54,7 @@ pub mod report;
 mod sampler;
 mod schedule;
 mod settings;
+mod signalcost;
 mod spread;
 mod state;
 mod store;

@@ -12,21 +12,11 @@
 #define DENSE 10000
 #define SPARSE 40
 
-/* A chain of dependent arithmetic, the same length in every run (a loop
- * on a volatile in memory ran at one speed or another from run to run). */
-static long crunch(long x, int n) {
-    for (int i = 0; i < n; i++) {
-        x = x * 3 + 1;
-        __asm__ volatile("" : "+r"(x));
-    }
-    return x;
-}
-
 __attribute__((noinline)) void work(int slow) {
     if (slow)
         spin_ns(2000);
     else
-        sink += crunch(sink, 200);
+        sink += chain(sink, 200);
 }
 
 int main(void) {

@@ -1,0 +1,174 @@
+//! What one CPU-sampling signal costs the thread it lands on, measured
+//! once per process at start and charged to the thread's clock at every
+//! sample.
+//!
+//! A sample (`super::cpusample`) is a signal: the kernel interrupts the
+//! thread, writes a signal frame (the whole register state, vector
+//! registers included), runs the handler and returns through
+//! `sigreturn`. None of that is in a hook's stamps, and no sample can see
+//! it (the next one comes a period later), so left uncharged it stays in
+//! whatever the thread was running: every duration holds its share of it,
+//! and `main`'s and a thread body's nearly all. In a virtual machine, where
+//! the timer interrupt behind each sample leaves the guest, it is several
+//! percent of the thread's time at the sampling period (measured figures:
+//! `crates/benches/results/accuracy.md`).
+//!
+//! The measurement: this thread busy-reads the TSC while signals of the
+//! kind the samples use land on it, and each signal shows as one gap in
+//! the readings. A periodic event's signals ([`periodic`]) come at a
+//! short period so that enough arrive in a millisecond or two; the
+//! process timer's ([`sent`]), whose period is the scheduler tick, are
+//! sent by the thread to itself instead, each timed beside a plain system
+//! call. The handler, seeing a measurement under way ([`counted`]), only
+//! counts the signal; what it does beyond that at a real sample is a few
+//! stores, against the kernel's microseconds.
+//!
+//! The charge ([`charge`]) goes to the thread's hook time
+//! (`crate::clock::charge_signal`), so durations and exposures leave it
+//! out as they leave out the hooks' time. It is a mean, not this signal's
+//! own cost, which nothing measures: a sample whose signal took longer
+//! (the host was busy) leaves the rest in the program's time.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use wordpatch::tsc;
+
+/// The measured cost of one signal (TSC ticks); 0 until measured, or where
+/// it could not be.
+static TICKS: AtomicU64 = AtomicU64::new(0);
+/// Whether a measurement is under way, and the signals it has seen.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// Signals a measurement times.
+const WANT: usize = 48;
+/// The event's period while measuring (ns of the thread's CPU time).
+pub(super) const PERIOD_NS: u64 = 40_000;
+/// The longest a measurement spins (ticks): a few milliseconds at any
+/// TSC rate; fewer signals than wanted by then are used as they are.
+const LIMIT: u64 = 40_000_000;
+/// A TSC reading this much later than the one before is a gap (an
+/// interrupt, a signal, a preemption); the loop itself takes tens.
+const GAP: u64 = 1_000;
+
+/// The cost charged per signal, in ticks (0: none).
+pub(super) fn ticks() -> u64 {
+    TICKS.load(Ordering::Relaxed)
+}
+
+/// Called first by the sampling handler: whether a measurement is under
+/// way, in which case the signal is counted and nothing else is done.
+/// Async-signal-safe: two atomics.
+#[inline(always)]
+pub(super) fn counted() -> bool {
+    if COUNTING.load(Ordering::Relaxed) {
+        SEEN.fetch_add(1, Ordering::Relaxed);
+        true
+    } else {
+        false
+    }
+}
+
+/// Charges one signal's cost to the calling thread's clock (the sampling
+/// handler, at each sample). Async-signal-safe.
+#[inline(always)]
+pub(super) fn charge() {
+    let t = ticks();
+    if t != 0 {
+        crate::clock::charge_signal(t);
+    }
+}
+
+/// The median of `gaps`: the typical signal's cost, whatever else
+/// interrupted the loop (the machine's other interrupts, shorter; a
+/// preemption, longer). Over whole runs, the mean cost of a sampling
+/// signal matched it (both measured: the results file).
+fn median(gaps: &mut [u64]) -> Option<u64> {
+    gaps.sort_unstable();
+    gaps.get(gaps.len() / 2).copied()
+}
+
+/// Runs a measurement: the handler counts while `run` does.
+fn measuring<T>(run: impl FnOnce() -> T) -> T {
+    SEEN.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Release);
+    let r = run();
+    COUNTING.store(false, Ordering::Release);
+    r
+}
+
+/// Measures with the periodic signals of an event that `open` starts on
+/// this thread (its descriptor, or negative), closing it after; sets the
+/// charge and returns it, in ticks.
+pub(super) fn periodic(open: impl FnOnce() -> isize) -> Option<u64> {
+    let gaps = measuring(|| {
+        let fd = open();
+        if fd < 0 {
+            return None;
+        }
+        let mut gaps = [0u64; 2 * WANT];
+        let mut n = 0;
+        let t0 = tsc::now();
+        let mut t = t0;
+        while (SEEN.load(Ordering::Relaxed) as usize) < WANT && t - t0 < LIMIT && n < gaps.len() {
+            let u = tsc::now();
+            if u - t > GAP {
+                gaps[n] = u - t;
+                n += 1;
+            }
+            t = u;
+        }
+        // SAFETY: the descriptor `open` just made, owned here alone.
+        unsafe { libc::close(fd as i32) };
+        let seen = SEEN.load(Ordering::Relaxed) as usize;
+        // Every signal is a gap; far more gaps than signals is a machine
+        // too busy to measure on.
+        (seen > 0 && n <= 2 * seen).then_some((gaps, n))
+    });
+    let (mut gaps, n) = gaps?;
+    set(median(&mut gaps[..n]))
+}
+
+/// Measures with signal `sig` sent by this thread to itself: each sent
+/// signal's time beside a plain system call's; sets the charge and
+/// returns it, in ticks.
+pub(super) fn sent(sig: libc::c_int) -> Option<u64> {
+    // SAFETY: getpid and gettid cannot fail.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    let (mut with, mut plain) = ([0u64; WANT], [0u64; WANT]);
+    measuring(|| {
+        for i in 0..WANT {
+            let t0 = tsc::now();
+            // SAFETY: a signal to this thread, whose handler is installed;
+            // it runs before the call returns.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+            let t1 = tsc::now();
+            // SAFETY: getppid cannot fail.
+            unsafe { libc::syscall(libc::SYS_getppid) };
+            let t2 = tsc::now();
+            with[i] = t1 - t0;
+            plain[i] = t2 - t1;
+        }
+    });
+    let (w, p) = (median(&mut with)?, median(&mut plain)?);
+    set(Some(w.saturating_sub(p)))
+}
+
+fn set(ticks: Option<u64>) -> Option<u64> {
+    let t = ticks.filter(|&t| t > 0)?;
+    TICKS.store(t, Ordering::Relaxed);
+    Some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_typical_gap_is_kept_and_strays_are_not() {
+        // Signals of about 40,000 ticks, two small interrupts and one
+        // preemption: a signal's.
+        let mut g = [40_000, 41_000, 39_000, 2_000, 40_500, 3_000_000, 39_500, 1_500];
+        assert_eq!(median(&mut g), Some(40_000));
+        assert_eq!(median(&mut []), None);
+    }
+}
