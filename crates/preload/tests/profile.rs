@@ -545,11 +545,14 @@ fn jumps(flag: &str, inlined: bool) {
         assert!(now_ns.is_some_and(|f| f.calls_sampled > 0), "now_ns not sampled");
         // `now_ns`'s exits, called from below any timed call in flight
         // (`spin_us`'s), take the exit hook's cheap path and never reach
-        // a handler: the handlers see a few thousand unpaired exits (those
-        // of calls at or above the timed one). Every exit reaching its
-        // handler, as before the cheap path, they saw 144,000-157,000.
+        // a handler: the handlers see the unpaired exits of calls at or
+        // above the timed one, which vary with where the windows fall: tens
+        // of thousands, now and then past a bound of 40,000 (CI once read
+        // 40,386). Every exit reaching its handler, as before the cheap
+        // path, they saw 144,000-157,000: half that still tells the two
+        // apart.
         assert!(
-            r.overhead.unmatched_exits < 40_000,
+            r.overhead.unmatched_exits < 72_000,
             "{} exits reached their handler unpaired: the cheap exits are not taken",
             r.overhead.unmatched_exits
         );
@@ -1045,5 +1048,31 @@ fn a_sampling_signals_cost_is_taken_off_the_call_it_lands_in() {
             "timer {timer}: {taken_off:.2} ms taken off grind's call, its signals {signals_ms:.2} ms"
         );
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A program that installs its own handler for the samples' signal after
+/// the profiler started (`grind.c own-trap`) takes their signals from then
+/// on: the report says the samples stopped, where it used to show a run
+/// without samples and say nothing.
+#[test]
+fn a_program_that_takes_the_sampling_signal_is_said_to_have_stopped_the_samples() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("grind-own-trap");
+    let inst = dir.join("inst");
+    build("gcc", &[&src("grind.c")], &["-O2", SLED], &inst);
+    let out = dir.join("out");
+    let o = profiled(&inst, &["own-trap"], &dir, &out, &[]);
+    ok_stdout(&o, "profiled");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("its own handler for the CPU samples' signal"),
+        "{stderr}"
+    );
+    let r = report(&out);
+    let cpu = r.cpu.as_ref().expect("CPU samples");
+    assert!(cpu.handler_lost, "{cpu:?}");
+    let text = fastinst::profile::report::render_text(&r);
+    assert!(text.contains("cpu samples stopped"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

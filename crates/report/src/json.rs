@@ -252,6 +252,7 @@ mod tests {
                     charged_ms: x(),
                 }],
                 signal_us: x(),
+                handler_lost: true,
             }),
         }
     }

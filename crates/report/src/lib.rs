@@ -155,6 +155,11 @@ pub struct CpuOut {
     /// written before it was).
     #[serde(default)]
     pub signal_us: f64,
+    /// The program installed its own handler for the samples' signal after
+    /// they began: no sample was kept after that, so the self times cover
+    /// only the time before.
+    #[serde(default)]
+    pub handler_lost: bool,
 }
 
 impl CpuOut {
@@ -753,6 +758,12 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             "cpu samples: {} (every {:.0} us of a thread's CPU time), {} in the profiler left out, {} lost",
             cpu.samples, cpu.interval_us, cpu.profiler_samples, cpu.lost
         )?;
+        if cpu.handler_lost {
+            writeln!(
+                s,
+                "cpu samples stopped: the program installed its own handler for their signal after they began; self times cover only the time before"
+            )?;
+        }
         if cpu.signal_us > 0.0 {
             writeln!(
                 s,
@@ -1477,6 +1488,10 @@ mod tests {
         ));
         cpu.signal_us = 0.0;
         assert!(!text(&cpu).contains("sampling signals"));
+        // Samples a program's own handler took are said to have stopped.
+        assert!(!text(&cpu).contains("cpu samples stopped"));
+        cpu.handler_lost = true;
+        assert!(text(&cpu).contains("cpu samples stopped: the program installed its own handler"));
     }
 
     /// The profiler time the samples saw, against the charge: stated in

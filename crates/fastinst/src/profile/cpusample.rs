@@ -263,6 +263,27 @@ fn install(sig: libc::c_int) -> bool {
     true
 }
 
+/// Whether the sampling signal still reaches [`on_sample`]: a program that
+/// installs its own handler for it after the samples began takes their
+/// signals from then on, and no sample is kept past that. True while no
+/// samples are taken. (The patching protocol's `SIGTRAP` handler passes
+/// on what is not its own.)
+pub(crate) fn handler_kept() -> bool {
+    let sig = match mode() {
+        Mode::Off => return true,
+        Mode::Events => libc::SIGTRAP,
+        Mode::Timer => libc::SIGPROF,
+    };
+    // SAFETY: reads the current disposition into a zeroed struct.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only queries.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+        return true;
+    }
+    cur.sa_sigaction == on_sample as *const () as usize
+        || (sig == libc::SIGTRAP && wordpatch::trap_handler_is_current())
+}
+
 /// A thread's first hook: its own event, when samples are taken by events.
 pub(crate) fn thread_start() {
     if ON.load(Ordering::Acquire) && mode() == Mode::Events {

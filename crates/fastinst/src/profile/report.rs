@@ -493,6 +493,12 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str, ticks_per
     rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
     rows.truncate(100);
     let kept = program + profiler;
+    let handler_lost = !super::cpusample::handler_kept();
+    if handler_lost {
+        crate::log::warn(format_args!(
+            "profile: the program installed its own handler for the CPU samples' signal; no sample was kept after that"
+        ));
+    }
     Cpu {
         taken: taken > 0 || super::cpusample::mode() != super::cpusample::Mode::Off,
         by_function,
@@ -505,6 +511,7 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str, ticks_per
             other: rows,
             threads,
             signal_us: super::signalcost::ticks() as f64 / (ticks_per_ms / 1e3),
+            handler_lost,
         },
     }
 }
