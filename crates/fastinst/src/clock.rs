@@ -596,26 +596,19 @@ pub(crate) fn charge_discovery(ticks: u64) {
     }
 }
 
-/// Adds `ticks` of work done outside a hook on this thread's behalf (a
-/// signal handler of a tool) to its hook time.
-pub fn charge(ticks: u64) {
-    if let Some(rec) = current() {
-        rec.hook_ticks.store(rec.stamped() + ticks, Ordering::Relaxed);
-    }
-}
-
-/// Adds `ticks` of a signal that interrupted this thread (a CPU sample's,
-/// at its measured cost) to its hook time, from that signal's handler.
+/// Adds `ticks` of work done on this thread's behalf outside a hook's own
+/// stretch (a signal handler of a tool, a CPU sample's signal at its
+/// measured cost, the profiler's work at exit) to its hook time.
 ///
-/// A hook in progress started before the signal: its start moves on by
+/// A hook in progress started before that work: its start moves on by
 /// `ticks`, so that its own charge at its end (its stamps' stretch, at
-/// most [`MAX_HOOK`]) does not hold the signal too; readers on other
+/// most [`MAX_HOOK`]) does not hold the work too; readers on other
 /// threads see the hook time only grow. Async-signal-safe (atomics of the
-/// thread's own record). The one interleaving that loses the charge is a
-/// signal between a hook's end reading the count and storing it (a few
-/// instructions); one between a hook's stamp and its start being noted
-/// charges the signal twice, up to [`MAX_HOOK`].
-pub(crate) fn charge_signal(ticks: u64) {
+/// thread's own record). From a signal handler, the one interleaving that
+/// loses the charge is a signal between a hook's end reading the count
+/// and storing it (a few instructions); one between a hook's stamp and
+/// its start being noted charges the signal twice, up to [`MAX_HOOK`].
+pub fn charge(ticks: u64) {
     let Some(rec) = current() else { return };
     let since = rec.open_since.load(Ordering::Relaxed);
     // The count first, as at a hook's end: a reader adds the running part
@@ -771,12 +764,12 @@ mod tests {
             let rec = begin(t).expect("record");
             end_fi(rec as *const ThreadClock as usize, t + 200);
             let base = rec.hook_ticks();
-            charge_signal(40_000);
+            charge(40_000);
             assert_eq!(rec.hook_ticks(), base + 40_000, "between hooks: whole");
             let t = t + 1_000_000;
             begin(t);
             let mid = rec.hook_ticks_at(t + 100);
-            charge_signal(40_000);
+            charge(40_000);
             let after = rec.hook_ticks_at(t + 40_200);
             assert!(after >= mid, "readings never go back: {after} < {mid}");
             // The hook ran 300 ticks besides the signal's 40,000.

@@ -409,8 +409,10 @@ extern "C" fn on_sample(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
         // Not ours (a breakpoint): nothing to note.
         return;
     }
-    if super::signalcost::counted() || !ON.load(Ordering::Relaxed) {
-        // Measured, or stopped: an event stays disabled once it has fired.
+    if !ON.load(Ordering::Relaxed) {
+        // Stopped (an event stays disabled once it has fired), or not yet
+        // on: a signal whose cost is being measured.
+        super::signalcost::count();
         return;
     }
     // SAFETY: with SA_SIGINFO the kernel passes a ucontext_t.

@@ -19,12 +19,12 @@
 //! short period so that enough arrive in a millisecond or two; the
 //! process timer's ([`sent`]), whose period is the scheduler tick, are
 //! sent by the thread to itself instead, each timed beside a plain system
-//! call. The handler, seeing a measurement under way ([`counted`]), only
-//! counts the signal; what it does beyond that at a real sample is a few
+//! call. Samples are off meanwhile, and the handler only counts the
+//! signal ([`count`]); what it does beyond that at a real sample is a few
 //! stores, against the kernel's microseconds.
 //!
 //! The charge ([`charge`]) goes to the thread's hook time
-//! (`crate::clock::charge_signal`), so durations and exposures leave it
+//! (`crate::clock::charge`), so durations and exposures leave it
 //! out as they leave out the hooks' time. It is a mean, not this signal's
 //! own cost, which nothing measures: a sample whose signal took longer
 //! (the host was busy) leaves the rest in the program's time.
@@ -55,16 +55,13 @@ pub(super) fn ticks() -> u64 {
     TICKS.load(Ordering::Relaxed)
 }
 
-/// Called first by the sampling handler: whether a measurement is under
-/// way, in which case the signal is counted and nothing else is done.
-/// Async-signal-safe: two atomics.
+/// Called by the sampling handler for a signal that came while samples
+/// are off (as they are while measuring): counts it if a measurement is
+/// under way. Async-signal-safe: two atomics.
 #[inline(always)]
-pub(super) fn counted() -> bool {
+pub(super) fn count() {
     if COUNTING.load(Ordering::Relaxed) {
         SEEN.fetch_add(1, Ordering::Relaxed);
-        true
-    } else {
-        false
     }
 }
 
@@ -74,7 +71,7 @@ pub(super) fn counted() -> bool {
 pub(super) fn charge() {
     let t = ticks();
     if t != 0 {
-        crate::clock::charge_signal(t);
+        crate::clock::charge(t);
     }
 }
 
