@@ -201,6 +201,14 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     }
     let cpu = r["cpu"]["samples"].as_u64().unwrap_or(0);
     assert!(cpu > 0, "no CPU samples in the attached run");
+    // What a sample's signal costs was measured and is charged: the
+    // borrowed thread that starts the runtime holds every signal blocked,
+    // and a measurement there saw none (0, nothing charged).
+    let signal_us = r["cpu"]["signal_us"].as_f64().unwrap_or(0.0);
+    assert!(
+        signal_us > 0.0 && signal_us < 1_000.0,
+        "a sampling signal's cost, measured in the attached process: {signal_us} us"
+    );
     let wall = r["wall_ms"].as_f64().unwrap();
     assert!((500.0..5_000.0).contains(&wall), "profiled {wall} ms of a 0.7 s attach");
     std::fs::remove_dir_all(&dir).unwrap();

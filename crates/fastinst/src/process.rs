@@ -63,9 +63,11 @@ pub fn start_from_env() {
     // straddling patch, it landed after the profiler's sampler had started
     // and made that patch, and the run's start-up, milliseconds longer.
     // Preloaded, the process has one thread until the tool starts, and it
-    // costs nothing. In a process with threads (an attach) each
-    // registration waits out a grace period, this one and W^X's: it runs on
-    // a thread of its own, beside the modules' and sleds' reading, and is
+    // costs nothing. In a process with threads each registration waits
+    // out a grace period, this one and W^X's; attached, the runtime makes
+    // threads of its own anyway (its control channel's), and a program of
+    // one thread would still pay the first perf event's wait (`tools::prepare`).
+    // So there it runs on a thread of its own, beside the modules' and sleds' reading, and is
     // joined before the tool arms any probe (the two waits in a row were a
     // good part of a first attach's start: `crates/benches/results/attach.md`).
     // W^X's own registration (its fork gate's) is made on that thread
@@ -81,7 +83,17 @@ pub fn start_from_env() {
         }
     };
     let tool = parse_or_warn::<Tool>("FASTINST_TOOL", Tool::Profile);
-    let resolving = if crate::rawthread::threads_in_process() > 1 {
+    let threads = crate::rawthread::threads_in_process();
+    if threads == 1 && crate::attached::get() {
+        // The registrations first, while this is the only thread and they
+        // wait for nothing; the thread then made has the perf event's wait
+        // alone.
+        if let Some(m) = write_mode {
+            wordpatch::prepare_write_mode(m);
+        }
+        wordpatch::default_wait();
+    }
+    let resolving = if threads > 1 || crate::attached::get() {
         std::thread::Builder::new()
             .name("fastinst-wait".into())
             .spawn(move || {

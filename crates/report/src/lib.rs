@@ -771,6 +771,11 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
                 cpu.signal_us,
                 cpu.signal_us * cpu.samples as f64 / 1e3
             )?;
+        } else if cpu.samples > 0 {
+            writeln!(
+                s,
+                "sampling signals: what one costs its thread could not be measured at start, so none is charged: every duration holds its share of them (docs/limits.md)"
+            )?;
         }
         if let Some(line) = uncharged_line(cpu) {
             writeln!(s, "{line}")?;
@@ -1468,7 +1473,7 @@ mod tests {
     }
 
     /// The samples' signals are stated with their cost and total where it
-    /// was measured, and not otherwise.
+    /// was measured, and as uncharged where it was not.
     #[test]
     fn the_sampling_signals_cost_is_stated_where_it_was_measured() {
         let mut cpu = CpuOut {
@@ -1486,7 +1491,10 @@ mod tests {
         assert!(text(&cpu).contains(
             "sampling signals: each cost its thread 15.0 us (measured at start), 6.0 ms over the samples, charged to their threads as profiler time: in no duration"
         ));
+        // Unmeasured, they are said to be uncharged; no samples, no line.
         cpu.signal_us = 0.0;
+        assert!(text(&cpu).contains("sampling signals: what one costs its thread could not be measured"));
+        cpu.samples = 0;
         assert!(!text(&cpu).contains("sampling signals"));
         // Samples a program's own handler took are said to have stopped.
         assert!(!text(&cpu).contains("cpu samples stopped"));

@@ -187,8 +187,15 @@ pub(crate) fn start() -> bool {
     // costs its thread is measured once, before samples are on
     // (`super::signalcost`).
     if install(libc::SIGTRAP) {
-        if super::signalcost::ticks() == 0 {
-            super::signalcost::periodic(|| open_cpu_clock(super::signalcost::PERIOD_NS, PERF_SAMPLE_IP, FLAGS));
+        if super::signalcost::ticks() == 0
+            && measure(|| {
+                super::signalcost::periodic(libc::SIGTRAP, || {
+                    open_cpu_clock(super::signalcost::PERIOD_NS, PERF_SAMPLE_IP, FLAGS)
+                })
+            })
+            .is_none()
+        {
+            unmeasured();
         }
         ON.store(true, Ordering::Release);
         MODE.store(Mode::Events as u8, Ordering::Release);
@@ -201,8 +208,8 @@ pub(crate) fn start() -> bool {
     if !install(libc::SIGPROF) {
         return false;
     }
-    if super::signalcost::ticks() == 0 {
-        super::signalcost::sent(libc::SIGPROF);
+    if super::signalcost::ticks() == 0 && measure(|| super::signalcost::sent(libc::SIGPROF)).is_none() {
+        unmeasured();
     }
     let tv = libc::timeval {
         tv_sec: 0,
@@ -221,6 +228,40 @@ pub(crate) fn start() -> bool {
         ON.store(false, Ordering::Release);
     }
     ok
+}
+
+/// Runs a measurement of what a signal costs (`super::signalcost`) on a
+/// thread that stands for the program's.
+///
+/// Attached, the profiler starts on one of the program's threads that the
+/// attaching command traces for the while: each signal there stops the
+/// thread for its tracer, and a measurement on it read two to three times
+/// what a signal costs the program's threads once the command has let
+/// them go. A thread of its own is not traced. Preloaded, the measurement
+/// stays on the starting thread: a first thread would switch the C
+/// library of a single-threaded program to its slower locked paths for
+/// the rest of the run (`crate::rawthread`), and a program run under a
+/// debugger has every thread traced, so there the traced cost is the
+/// program's.
+fn measure(run: impl FnOnce() -> Option<u64> + Send) -> Option<u64> {
+    if !crate::attached::get() {
+        return run();
+    }
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("fastinst-signals".into())
+            .spawn_scoped(s, run)
+            .ok()
+            .and_then(|h| h.join().ok())
+            .flatten()
+    })
+}
+
+/// Says that the samples' signals go uncharged (the report says it too).
+fn unmeasured() {
+    crate::log::warn(format_args!(
+        "profile: what a sampling signal costs could not be measured; durations hold it"
+    ));
 }
 
 /// Installs the sampling handler for `sig`, unless the program handles it;

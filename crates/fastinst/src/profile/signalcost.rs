@@ -84,20 +84,44 @@ fn median(gaps: &mut [u64]) -> Option<u64> {
     gaps.get(gaps.len() / 2).copied()
 }
 
-/// Runs a measurement: the handler counts while `run` does.
-fn measuring<T>(run: impl FnOnce() -> T) -> T {
+/// Runs a measurement with signal `sig`: the handler counts while `run`
+/// does, with `sig` let through on this thread; `None` where it cannot be.
+///
+/// A thread may hold the signal blocked: an attach starts the runtime on
+/// one of the program's threads with every signal held (the attaching
+/// command's injected call), where the signals would wait unseen, and the
+/// measurement read nothing. Where one of the program's own is already
+/// waiting, the measurement is not made: let through, the sampling
+/// handler would take it for none of its own and drop it.
+fn measuring<T>(sig: libc::c_int, run: impl FnOnce() -> Option<T>) -> Option<T> {
+    // SAFETY: sigset_t is plain data, for which all zeroes is valid, and
+    // each call below fills or reads the sets it is given.
+    let (mut only, mut before, mut pending): (libc::sigset_t, libc::sigset_t, libc::sigset_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: as above; `sig` is a valid signal number.
+    unsafe {
+        libc::sigemptyset(&mut only);
+        libc::sigaddset(&mut only, sig);
+        libc::sigpending(&mut pending);
+        if libc::sigismember(&pending, sig) == 1 {
+            return None;
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &only, &mut before);
+    }
     SEEN.store(0, Ordering::Relaxed);
     COUNTING.store(true, Ordering::Release);
     let r = run();
     COUNTING.store(false, Ordering::Release);
+    // SAFETY: puts back the mask read above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
     r
 }
 
 /// Measures with the periodic signals of an event that `open` starts on
 /// this thread (its descriptor, or negative), closing it after; sets the
 /// charge and returns it, in ticks.
-pub(super) fn periodic(open: impl FnOnce() -> isize) -> Option<u64> {
-    let gaps = measuring(|| {
+pub(super) fn periodic(sig: libc::c_int, open: impl FnOnce() -> isize) -> Option<u64> {
+    let (mut gaps, n) = measuring(sig, || {
         let fd = open();
         if fd < 0 {
             return None;
@@ -120,19 +144,18 @@ pub(super) fn periodic(open: impl FnOnce() -> isize) -> Option<u64> {
         // Every signal is a gap; far more gaps than signals is a machine
         // too busy to measure on.
         (seen > 0 && n <= 2 * seen).then_some((gaps, n))
-    });
-    let (mut gaps, n) = gaps?;
+    })?;
     set(median(&mut gaps[..n]))
 }
 
 /// Measures with signal `sig` sent by this thread to itself: each sent
 /// signal's time beside a plain system call's; sets the charge and
-/// returns it, in ticks.
+/// returns it, in ticks. Every signal sent must have reached the handler.
 pub(super) fn sent(sig: libc::c_int) -> Option<u64> {
     // SAFETY: getpid and gettid cannot fail.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
-    let (mut with, mut plain) = ([0u64; WANT], [0u64; WANT]);
-    measuring(|| {
+    let (mut with, mut plain) = measuring(sig, || {
+        let (mut with, mut plain) = ([0u64; WANT], [0u64; WANT]);
         for i in 0..WANT {
             let t0 = tsc::now();
             // SAFETY: a signal to this thread, whose handler is installed;
@@ -145,7 +168,8 @@ pub(super) fn sent(sig: libc::c_int) -> Option<u64> {
             with[i] = t1 - t0;
             plain[i] = t2 - t1;
         }
-    });
+        (SEEN.load(Ordering::Relaxed) as usize == WANT).then_some((with, plain))
+    })?;
     let (w, p) = (median(&mut with)?, median(&mut plain)?);
     set(Some(w.saturating_sub(p)))
 }
