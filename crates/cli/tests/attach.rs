@@ -204,6 +204,9 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     // What a sample's signal costs was measured and is charged: the
     // borrowed thread that starts the runtime holds every signal blocked,
     // and a measurement there saw none (0, nothing charged).
+    // It says that it began in a running process, whose calls in flight
+    // it never timed.
+    assert_eq!(r["began_running"], serde_json::Value::Bool(true), "began_running");
     let signal_us = r["cpu"]["signal_us"].as_f64().unwrap_or(0.0);
     assert!(
         signal_us > 0.0 && signal_us < 1_000.0,

@@ -625,6 +625,8 @@ fn collect(t: &Tracer, now: u64) -> Report {
     let wall_s = wall_ns / 1e9;
     let hook_ticks: u64 = clock::threads().map(|c| c.hook_ticks()).sum();
     Report {
+        // Attached, calls in flight at the start were never entered.
+        began_running: crate::attached::get(),
         schema: crate::profile::report::SCHEMA.into(),
         program: t.program.clone(),
         pid: std::process::id(),

@@ -1076,3 +1076,51 @@ fn a_program_that_takes_the_sampling_signal_is_said_to_have_stopped_the_samples(
     assert!(text.contains("cpu samples stopped"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A CPU sample that lands on an instrumented function's first
+/// instruction is that function's. The program calls `hot` in a loop, laid
+/// out (functions packed, no padding) right where `never`, which is never
+/// called, ends: a sample on `hot`'s entry, which a return address's
+/// rule (a function's end is its own) charged to `never`, gave a function
+/// of no calls self time (Lua's `lua_copy`, before `lua_pushvalue`).
+#[test]
+fn a_cpu_sample_on_a_functions_entry_is_its_own() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("entry");
+    // gcc: clang keeps its functions 16-byte aligned whatever it is told,
+    // and a gap between them hides the mistake.
+    let cc = "gcc";
+    let inst = dir.join(format!("inst-{cc}"));
+    build(cc, &[&src("entry.c")], &["-O2", SLED, "-falign-functions=1"], &inst);
+    // The layout the check needs: `never` ends where `hot` begins.
+    let nm = std::process::Command::new("nm")
+        .arg("-S")
+        .arg(&inst)
+        .output()
+        .expect("nm (binutils)");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let at = |name: &str| -> (u64, u64) {
+        symbols
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() == 4 && w[3] == name)
+            .map(|w| {
+                (
+                    u64::from_str_radix(w[0], 16).unwrap(),
+                    u64::from_str_radix(w[1], 16).unwrap(),
+                )
+            })
+            .unwrap_or_else(|| panic!("{cc}: no sized symbol {name}:\n{symbols}"))
+    };
+    let ((never, never_size), (hot, _)) = (at("never"), at("hot"));
+    assert_eq!(never + never_size, hot, "{cc}: `never` does not end where `hot` begins");
+    let out = dir.join(format!("out-{cc}"));
+    let o = profiled(&inst, &["300000000"], &dir, &out, &[]);
+    ok_stdout(&o, cc);
+    let r = report(&out);
+    assert!(!r.began_running, "a preloaded profile began with the process");
+    let samples = |name: &str| r.functions.iter().find(|f| f.name == name).map_or(0, |f| f.cpu_samples);
+    println!("{cc}: hot {} samples, never {}", samples("hot"), samples("never"));
+    assert!(samples("hot") >= 20, "{cc}: hot has {} CPU samples", samples("hot"));
+    assert_eq!(samples("never"), 0, "{cc}: a function never called has CPU samples");
+}

@@ -33,6 +33,7 @@ struct Head<'a> {
     edges: &'a [EdgeRow],
     stacks: Names<'a>,
     cpu: &'a Option<CpuOut>,
+    began_running: bool,
 }
 
 /// [`crate::Stacks`] without its paths.
@@ -95,6 +96,7 @@ pub(crate) fn write(r: &Report, w: &mut impl Write) -> io::Result<()> {
         edges: &r.edges,
         stacks: Names { names: &r.stacks.names },
         cpu: &r.cpu,
+        began_running: r.began_running,
     };
     let written = Cell::new(false);
     let f = PathsBeforeEnd {
@@ -177,6 +179,7 @@ mod tests {
                 .collect(),
         };
         Report {
+            began_running: true,
             schema: "fastinst-profile/2".into(),
             program: "/bin/\"odd\" name".into(),
             pid: 42,

@@ -49,8 +49,9 @@
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
 //! total_ms}], stacks: {names: [name], paths: [{frames: [index into
 //! names], samples, self_ms}]}, cpu: {interval_us, samples,
-//! profiler_samples, lost, other: [{name, samples, share}], threads: [{tid,
-//! samples, profiler_samples, charged_ms}]} or null}`
+//! profiler_samples, lost, signal_us, handler_lost, other: [{name,
+//! samples, share}], threads: [{tid, samples, profiler_samples,
+//! charged_ms}]} or null, began_running}`
 //! (paths ordered as their folded lines sort: by their frames' names,
 //! outermost first); times in milliseconds (`_ms`) or microseconds
 //! (`_us`). Versions 1 to 3 are still read; their missing fields take
@@ -126,6 +127,12 @@ pub struct Report {
     /// before they were taken, or where the program handles `SIGPROF`).
     #[serde(default)]
     pub cpu: Option<CpuOut>,
+    /// The profile began in a process already running (an attach): calls
+    /// in flight then, `main`'s and thread bodies' above all, were never
+    /// timed, so their functions' totals and call edges miss that time,
+    /// where self times (CPU samples) hold it.
+    #[serde(default)]
+    pub began_running: bool,
 }
 
 /// The CPU samples (`cpusample`): where the program counter was, every
@@ -731,6 +738,9 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         "dropped: {} exits whose entry was not sampled, {} activations left without exit ({} of them censored: weighted as lasting past the moment their exit stopped being watched), {} too deep, {} without frame, {} on exiting threads",
         o.unmatched_exits, o.abandoned_frames, o.censored_frames, o.too_deep, o.no_cfa, o.no_thread
     )?;
+    if r.began_running {
+        writeln!(s, "{}", began_running_line(&r.functions))?;
+    }
     if o.inlined_copies_off > 0 {
         writeln!(
             s,
@@ -1039,10 +1049,36 @@ pub fn used_names(names: &[Arc<str>], mut paths: Vec<StackRow>) -> Stacks {
     Stacks { names: used, paths }
 }
 
+/// What a profile that began in a running process cannot time, with the
+/// functions where it shows: self time (CPU samples, which saw the calls
+/// in flight) past the inclusive total, each less two of its deviations
+/// (a sample count's square root, for the self time).
+fn began_running_line(functions: &[FunctionRow]) -> String {
+    let self_low = |f: &FunctionRow| f.self_ms - 2.0 * f.self_ms / (f.cpu_samples.max(1) as f64).sqrt();
+    let short: Vec<&str> = functions
+        .iter()
+        .filter(|f| self_low(f) > f.total_ms + 2.0 * f.total_sd)
+        .map(|f| f.name.as_str())
+        .collect();
+    let mut line = "began in a running process (attached): calls in flight then, main's and thread bodies' above all, were never timed; their functions' totals and call edges miss that time, where self times (CPU samples) hold it (docs/attach.md)".to_string();
+    if !short.is_empty() {
+        let more = short.len().saturating_sub(3);
+        line.push_str(&format!(
+            "; self time past the total in {}",
+            short[..short.len().min(3)].join(", ")
+        ));
+        if more > 0 {
+            line.push_str(&format!(" and {more} more"));
+        }
+    }
+    line
+}
+
 /// A report of `stacks` alone, the rest made up (tests).
 #[cfg(test)]
 pub(crate) fn test_report(stacks: Stacks) -> Report {
     Report {
+        began_running: false,
         schema: "test".into(),
         program: "t".into(),
         pid: 1,
@@ -1470,6 +1506,47 @@ mod tests {
                 w[1]
             );
         }
+    }
+
+    /// A profile begun in a running process says what it could not time,
+    /// naming the functions whose self time shows it; one begun with the
+    /// process says nothing of it.
+    #[test]
+    fn a_profile_begun_in_a_running_process_says_what_it_missed() {
+        // Self time from samples of 0.5 ms.
+        let row = |name: &str, total_ms: f64, total_sd: f64, self_ms: f64| FunctionRow {
+            name: name.into(),
+            total_ms,
+            total_sd,
+            self_ms,
+            cpu_samples: (self_ms / 0.5) as u64,
+            ..FunctionRow::default()
+        };
+        let mut r = Report {
+            functions: vec![
+                row("luaV_execute", 200.9, 4.1, 799.0),
+                row("sort", 744.0, 12.8, 0.0),
+                // Past the total by more than its deviations, but not by
+                // more than its samples' (one sample).
+                row("one_sample", 0.3, 0.1, 0.5),
+                // 13 samples, 6.5 ms +- 1.8: not past 3 ms +- 0.5 by two
+                // of both.
+                row("noisy", 3.0, 0.25, 6.5),
+            ],
+            ..Report::default()
+        };
+        assert!(!render_text(&r).contains("began in a running process"));
+        r.began_running = true;
+        let text = render_text(&r);
+        assert!(
+            text.contains("began in a running process (attached): calls in flight then"),
+            "{text}"
+        );
+        assert!(text.contains("; self time past the total in luaV_execute\n"), "{text}");
+        for f in ["luaV_execute", "a", "b", "c"] {
+            r.functions.push(row(f, 1.0, 0.0, 20.0));
+        }
+        assert!(render_text(&r).contains("in luaV_execute, luaV_execute, a and 2 more"));
     }
 
     /// The samples' signals are stated with their cost and total where it

@@ -383,6 +383,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let samples = c(|c| &c.samples);
     let toggles = c(|c| &c.toggles);
     Report {
+        // Attached, calls in flight at the start were never entered.
+        began_running: crate::attached::get(),
         schema: SCHEMA.into(),
         program: p.program.clone(),
         pid: std::process::id(),
@@ -470,7 +472,7 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str, ticks_per
             continue;
         }
         program += 1;
-        if let Some(fi) = instrumented_caller(ranges, pc) {
+        if let Some(fi) = instrumented_at(ranges, pc) {
             *by_function.entry(fi).or_default() += 1;
             continue;
         }
@@ -548,11 +550,23 @@ fn current_estimate(p: &Profiler, s: &super::schedule::Inner, f: &super::functio
 }
 
 /// The instrumented function holding return address `ret`, by `ranges`
-/// (start, end, function index; sorted).
+/// (start, end, function index; sorted). A return address may be its
+/// function's end (a call as its last instruction).
 fn instrumented_caller(ranges: &[(usize, usize, u32)], ret: u64) -> Option<u32> {
     let i = ranges.partition_point(|r| r.0 < ret as usize);
     let r = ranges.get(i.checked_sub(1)?)?;
     (r.1 != 0 && (ret as usize) <= r.1).then_some(r.2)
+}
+
+/// The instrumented function whose code holds `pc`, the next instruction
+/// of an interrupted thread (a CPU sample's), by `ranges`. Unlike a return
+/// address, a `pc` at a function's end is the next function's first
+/// instruction: a sample that landed on a hot function's entry was once
+/// charged to the function laid out before it, which was never called.
+fn instrumented_at(ranges: &[(usize, usize, u32)], pc: u64) -> Option<u32> {
+    let i = ranges.partition_point(|r| r.0 <= pc as usize);
+    let r = ranges.get(i.checked_sub(1)?)?;
+    ((pc as usize) < r.1).then_some(r.2)
 }
 
 /// The names of path items (see [`super::thread`]), numbered as they are
@@ -636,6 +650,22 @@ pub(super) fn fn_name(p: &Profiler, fi: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two functions laid end to end, and one whose end is not known: a
+    /// CPU sample on the second's first byte is the second's, a return
+    /// address there the first's (its last instruction a call).
+    #[test]
+    fn a_sample_on_a_functions_entry_is_that_functions() {
+        let ranges = [(0x100, 0x200, 0), (0x200, 0x280, 1), (0x300, 0, 2)];
+        assert_eq!(instrumented_at(&ranges, 0x200), Some(1));
+        assert_eq!(instrumented_caller(&ranges, 0x200), Some(0));
+        assert_eq!(instrumented_at(&ranges, 0x1ff), Some(0));
+        assert_eq!(instrumented_at(&ranges, 0x100), Some(0));
+        assert_eq!(instrumented_at(&ranges, 0xff), None);
+        assert_eq!(instrumented_at(&ranges, 0x280), None);
+        assert_eq!(instrumented_at(&ranges, 0x300), None);
+        assert_eq!(instrumented_caller(&ranges, 0x300), None);
+    }
 
     /// The spread of an inclusive time is what the textbook formula gives
     /// from the exact durations (to within the histogram's buckets), and
