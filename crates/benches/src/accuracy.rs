@@ -23,6 +23,10 @@
 //!   checked probed, once before each profiled run: their p50 and p99
 //!   without the hooks of their short callees, whose cost beyond the
 //!   charges lengthens every caller's duration in the full trace;
+//! - the instrumented build with every probe off once more, under `perf
+//!   record --call-graph dwarf` ([`crate::children`]): each function's
+//!   inclusive CPU time, each sample once, measured from outside the
+//!   profiled binary (single-threaded programs);
 //! - under the profiler (the default tool), `runs` times;
 //! - under the full trace again, after the profiled runs: how often the
 //!   reference meets itself within the percentiles' target.
@@ -36,7 +40,9 @@
 //! - the inclusive time of each function whose calls are checked within
 //!   three of its stated standard deviations of the trace's: whether the
 //!   report's `+-` covers its error (no fixed target: the traced run
-//!   differs from the profiled one by the trace's own cost);
+//!   differs from the profiled one by the trace's own cost); and within
+//!   three deviations, its own and the reference's joined, of perf's
+//!   inclusive CPU time of the probes-off build, which no hook lengthens;
 //! - p50 and p99 within ±10% of the trace's, for functions whose traced
 //!   p50 is at least 1 µs; and within ±10% of the trace of those
 //!   functions alone, for those whose p50 there is at least 1 µs.
@@ -166,6 +172,10 @@ pub struct TotalCheck {
     /// The profile's inclusive time and its standard deviation (ms), per
     /// run.
     pub profile: Vec<(f64, f64)>,
+    /// perf's inclusive CPU time of the probes-off build and its sampling
+    /// deviation (ms), for a single-threaded program.
+    #[serde(default)]
+    pub perf: Option<(f64, f64)>,
 }
 
 /// One function's percentiles.
@@ -301,6 +311,19 @@ impl Config {
                 .iter()
                 .flat_map(|t| t.profile.iter().map(move |&(x, sd)| (x - t.trace_ms).abs() <= 3.0 * sd)),
         )
+    }
+
+    /// Inclusive times within three standard deviations, theirs and the
+    /// reference's joined, of perf's inclusive CPU time in the probes-off
+    /// build (single-threaded programs; none checked otherwise).
+    pub fn totals_perf_tally(&self) -> Tally {
+        tally(self.totals.iter().flat_map(|t| {
+            t.perf.into_iter().flat_map(move |(r, rsd)| {
+                t.profile
+                    .iter()
+                    .map(move |&(x, sd)| (x - r).abs() <= 3.0 * sd.hypot(rsd))
+            })
+        }))
     }
 
     /// p50s and p99s whose stated 95% range meets the trace's (each
@@ -442,6 +465,7 @@ pub fn measure(
     inst: &Binary,
     args: &[String],
     perf: Option<&SelfReferences>,
+    children: Option<&crate::children::Children>,
 ) -> Result<Config> {
     let dir = opts
         .work
@@ -528,6 +552,7 @@ pub fn measure(
             top: &top,
             alone: &alone,
             again: Some(&again),
+            children,
         },
         &profiles,
         perf,
@@ -548,6 +573,9 @@ pub struct References<'a> {
     pub alone: &'a [fastinst::profile::report::Report],
     /// The full trace run a second time.
     pub again: Option<&'a fastinst::profile::report::Report>,
+    /// perf's inclusive CPU times of the probes-off build
+    /// ([`crate::children`]), for a single-threaded program.
+    pub children: Option<&'a crate::children::Children>,
 }
 
 /// Whether the trace's row `t` is one whose percentiles are checked.
@@ -722,6 +750,12 @@ pub fn compare(
         .filter_map(|c| {
             let t = trace_rows.get(&c.name)?;
             Some(TotalCheck {
+                // CPU time is a call's duration only on a program's one
+                // thread.
+                perf: refs
+                    .children
+                    .filter(|_| top_level(trace).len() <= 1)
+                    .and_then(|ch| ch.ms(&c.name)),
                 name: c.name.clone(),
                 trace_ms: t.total_ms,
                 profile: runs
@@ -864,11 +898,11 @@ fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | totals in 3 sd of perf's | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
@@ -880,6 +914,7 @@ pub fn render_markdown(configs: &[Config], header: &str) -> String {
             c.inclusive_tally(),
             c.inclusive_less_uncharged_tally(),
             c.totals_tally(),
+            c.totals_perf_tally(),
             c.percentiles_tally(),
             c.ranges_tally(),
             c.narrow_tally(),
@@ -1055,11 +1090,23 @@ mod tests {
                 trace_ms: 100.0,
                 // Within 3 sd; 3.5 sd off; exactly 3 sd off.
                 profile: vec![(110.0, 5.0), (65.0, 10.0), (70.0, 10.0)],
+                // perf's: 80 +- 5, so the deviations join to 7.1 and 11.2.
+                perf: Some((80.0, 5.0)),
             }],
             ..Config::default()
         };
         assert_eq!(c.calls_tally(), Tally { ok: 1, of: 2 });
         assert_eq!(c.totals_tally(), Tally { ok: 2, of: 3 });
+        // 30 off is past 3 x 7.1; 15 and 10 off are within 3 x 11.2.
+        assert_eq!(c.totals_perf_tally(), Tally { ok: 2, of: 3 });
+        let no_perf = Config {
+            totals: vec![TotalCheck {
+                perf: None,
+                ..c.totals[0].clone()
+            }],
+            ..c.clone()
+        };
+        assert_eq!(no_perf.totals_perf_tally(), Tally { ok: 0, of: 0 });
         let c = Config {
             percentiles: vec![PercentileCheck {
                 name: "f".into(),
@@ -1124,6 +1171,7 @@ mod tests {
             top,
             alone: &[],
             again: None,
+            children: None,
         };
         compare(
             Program::Demo,
@@ -1297,6 +1345,7 @@ mod tests {
             top: &[],
             alone: &alone,
             again: Some(&again),
+            children: None,
         };
         let c = compare(
             Program::Demo,

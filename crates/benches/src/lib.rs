@@ -33,6 +33,7 @@
 pub mod accuracy;
 pub mod aliases;
 pub mod cachesim;
+pub mod children;
 pub mod driver;
 pub mod error;
 pub mod eval;

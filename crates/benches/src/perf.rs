@@ -63,7 +63,15 @@ impl PerfShares {
         let aliases = Aliases::of_program(bin);
         let mut runs = Vec::new();
         for i in 0..RUNS {
-            let text = record_once(work, bin, args, env, i)?;
+            let text = record_once(
+                work,
+                bin,
+                args,
+                env,
+                i,
+                &["-F", &HZ.to_string()],
+                &["--no-children", "--sort", "dso,sym"],
+            )?;
             runs.push(parse_report(&text, &aliases));
         }
         Ok(PerfShares { runs, aliases })
@@ -95,15 +103,26 @@ pub fn available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// One `perf record` of `bin args` (through `env` with `env` set, so that
-/// perf itself runs without it), as `perf report --sort dso,sym` text.
-fn record_once(work: &Path, bin: &Path, args: &[String], env: &[String], run: usize) -> Result<String> {
+/// One `perf record -e cpu-clock` of `bin args` with `record` options
+/// besides (through `env` with `env` set, so that perf itself runs without
+/// it), as the text of `perf report --stdio -q` with `report` options.
+pub(crate) fn record_once(
+    work: &Path,
+    bin: &Path,
+    args: &[String],
+    env: &[String],
+    run: usize,
+    record: &[&str],
+    report: &[&str],
+) -> Result<String> {
     let data = work.join(format!(
         "{}.{run}.perf.data",
         bin.file_name().and_then(|n| n.to_str()).unwrap_or("run")
     ));
     let rec = Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-F", &HZ.to_string(), "-o"])
+        .args(["record", "-q", "-e", "cpu-clock"])
+        .args(record)
+        .arg("-o")
         .arg(&data)
         .arg("--")
         .args(if env.is_empty() {
@@ -122,7 +141,9 @@ fn record_once(work: &Path, bin: &Path, args: &[String], env: &[String], run: us
         return Err(EvalError::Tool(format!("perf record of {} failed", bin.display())));
     }
     let out = Command::new("perf")
-        .args(["report", "--stdio", "--no-children", "--sort", "dso,sym", "-q", "-i"])
+        .args(["report", "--stdio", "-q"])
+        .args(report)
+        .arg("-i")
         .arg(&data)
         .output()
         .map_err(|e| EvalError::Tool(format!("perf report: {e}")))?;

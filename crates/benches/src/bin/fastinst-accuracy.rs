@@ -2,6 +2,7 @@
 //! references on real programs. See `fastinst_benches::accuracy`.
 
 use fastinst_benches::accuracy::{self, Options};
+use fastinst_benches::children::Children;
 use fastinst_benches::perf::{PerfShares, SelfReferences};
 use fastinst_benches::programs::{build_all, installed, work_dir, Program, UPSTREAM_PROGRAMS};
 use fastinst_benches::{sources, Argv, CommonArgs, EvalError, Result};
@@ -23,7 +24,10 @@ with the instrumented build's probes-off runs, whose functions are the
 profiled ones where -finstrument-functions changed the inlining),
 inclusive time of main and thread bodies ±5% of the median of their
 traces (one before each profiled run), p50 and p99 ±10% of the trace
-(functions of >= 1 us).
+(functions of >= 1 us); and, with no fixed target, whether each checked
+function's inclusive time is within 3 of its stated deviations of the
+trace's, and of perf's inclusive CPU time (call graphs) of the
+probes-off build (single-threaded programs).
 Programs: bzip2, quickjs, sqlite, lua, zstd (sources from crates.io; the
 default) and demo (fastinst's bundled example).
 
@@ -119,8 +123,15 @@ fn run(a: Args) -> Result<()> {
                     .map_err(|e| eprintln!("{e}: the probes-off shares of {} are left out", p.name()))
                     .ok(),
             });
+            let children = if perf {
+                Children::record_off(&work, &inst.path, &args, &opts.lib)
+                    .map_err(|e| eprintln!("{e}: perf's inclusive times of {} are left out", p.name()))
+                    .ok()
+            } else {
+                None
+            };
             eprintln!("measuring {} {}", p.name(), c.name());
-            let cfg = accuracy::measure(&opts, plain, inst, &args, refs.as_ref())?;
+            let cfg = accuracy::measure(&opts, plain, inst, &args, refs.as_ref(), children.as_ref())?;
             if a.detail {
                 eprint!("{}", accuracy::render_detail(&cfg));
             }
