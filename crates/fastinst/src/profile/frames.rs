@@ -5,7 +5,7 @@
 use super::functions::Func;
 use super::profiler::{get, Profiler};
 use super::store::{Counters, ThreadStore};
-use super::thread::Shadow;
+use super::thread::{Frame, Shadow};
 use crate::probe::ProbeId;
 use crate::registry;
 use std::sync::atomic::Ordering;
@@ -28,6 +28,16 @@ pub(super) fn called_from(f: &Func, id: ProbeId, ret: u64) -> u64 {
         Some(true) if probe.meta.inlined => probe.meta.site as u64,
         Some(_) => ret,
     }
+}
+
+/// Whether a timed call of `f` (function `fi`) made from `from` (0:
+/// unknown) is its function's outermost activation, with `below` the
+/// thread's timed frames under it: none of them is an activation of `fi`,
+/// and the call was not made from `f`'s own code.
+pub(super) fn outermost(below: &[Frame], fi: u32, f: &Func, from: u64) -> bool {
+    let enclosed = below.iter().any(|fr| fr.func == fi);
+    let self_called = from != 0 && f.contains(from as usize);
+    !enclosed && !self_called
 }
 
 /// Pops the thread's top sampled frame and records it as a call that
@@ -64,9 +74,7 @@ pub(super) fn finish_frame(p: &Profiler, store: &ThreadStore, sh: &mut Shadow, t
     // nested call whose enclosing calls were not timed looked outermost:
     // nearly every one does when few calls are timed, and a recursion's
     // total counted each level's time again.)
-    let enclosed = sh.frames.iter().any(|fr| fr.func == fi);
-    let self_called = done.from != 0 && f.contains(done.from as usize);
-    let outer = !enclosed && !self_called;
+    let outer = outermost(&sh.frames, fi, f, done.from);
     let hooks = t.saturating_sub(done.t0).saturating_sub(dur);
     if agg.log(fi, done.from, dur, self_ticks, hooks, end, outer, done.weight) {
         agg.fold();

@@ -2,7 +2,7 @@
 //! themselves off from inside the hook.
 
 use super::choose;
-use super::frames::{called_from, finish_frame};
+use super::frames::{called_from, finish_frame, outermost};
 use super::functions::Func;
 use super::local::with_local;
 use super::profiler::{get, Profiler};
@@ -77,7 +77,12 @@ pub(super) fn pop_dead(
                     // is taken off: still a time the call outlasted.
                     let h = crate::clock::current().map_or(top.h0, |c| c.hook_ticks());
                     let c = crate::clock::program_ticks(top.t0, top.h0, off, h);
-                    store.agg.lock().censor(top.func, c, top.weight);
+                    let from = match top.from {
+                        0 => called_from(g, top.entry, top.caller),
+                        from => from,
+                    };
+                    let outer = outermost(&sh.frames[..sh.frames.len() - 1], top.func, g, from);
+                    store.agg.lock().censor(top.func, c, top.weight, outer);
                     Counters::add_own(&store.counts.censored, 1);
                 }
             }

@@ -77,6 +77,29 @@ fn total_spread(a: &FnAgg, calls: f64, calls_sd: f64) -> f64 {
     calls * outer_mean * rel.sqrt()
 }
 
+/// A function's inclusive time (ticks) from its timed calls `a`, given
+/// `all`, its estimated calls times their mean (the censored calls
+/// weighed in), and the part of it that censored outermost activations
+/// make, known only as a lower bound and so as uncertain as it is large.
+///
+/// Each outermost activation counts once (a nested one's time is in its
+/// outermost one's): `all` times the outermost activations' share of the
+/// timed time, a censored outermost one's with them. Without that one, an
+/// interpreter's loop whose main activation was censored read 0: every
+/// other timed call of it was nested in that one. A function with only
+/// censored calls is taken as `all`.
+fn inclusive(a: &FnAgg, all: f64) -> (f64, f64) {
+    if a.w == 0 {
+        return (if a.censored.is_empty() { 0.0 } else { all }, 0.0);
+    }
+    let oc = a.outer_censored as f64;
+    let timed = a.sum as f64 + oc;
+    if timed <= 0.0 {
+        return (0.0, 0.0);
+    }
+    (all * (a.outer_sum as f64 + oc) / timed, all * oc / timed)
+}
+
 /// Caps each function's inclusive time at its callers': a function all of
 /// whose timed calls came from instrumented functions (other than itself)
 /// ran inside them, so its total is at most the sum of theirs, each with
@@ -229,15 +252,9 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     }
     let raised_by = |fi: u32| raised.get(&fi).copied().unwrap_or(1.0);
     let total_of = |fi: u32| est.get(&fi).copied().unwrap_or(0.0) * mean.get(&fi).copied().unwrap_or(0.0);
-    // Inclusive: each outermost sampled activation once, scaled to all
-    // calls (a nested activation's time is in its outermost one's); the
-    // censored calls raise it as they raise the mean.
     let inclusive_of = |fi: u32| match fns.get(&fi) {
-        Some((a, _)) if a.w > 0 => {
-            est.get(&fi).copied().unwrap_or(0.0) * a.outer_sum as f64 / a.w as f64 * raised_by(fi)
-        }
-        Some((a, _)) if !a.censored.is_empty() => total_of(fi),
-        _ => 0.0,
+        Some((a, _)) => inclusive(a, total_of(fi)),
+        None => (0.0, 0.0),
     };
     let cpu = cpu_attribution(&ranges, &p.program, ticks_per_ns * 1e6);
 
@@ -292,7 +309,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             let mut tids = tids.clone();
             tids.sort_unstable();
             tids.dedup();
-            let mut total = ms(inclusive_of(fi));
+            let (inclusive_ticks, censored_part) = inclusive_of(fi);
+            let mut total = ms(inclusive_ticks);
             // No more than the run on each thread it was seen on (the
             // report's threads column), nor than on every thread.
             let cap = (wall_ns / 1e6 * tids.len().max(1) as f64).min(cap);
@@ -311,7 +329,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // A capped total is as uncertain as all of it, and no more:
             // the uncapped estimate's spread (millions of ms for a
             // recursive interpreter loop) says nothing of the cap.
-            let spread = ms(total_spread(a, calls, sd) * raised_by(fi));
+            let spread = ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part));
             let total_sd = if capped { spread.min(total) } else { spread };
             let pct = |q: f64| match adjusted.get(&fi) {
                 // A censored call may outlast every timed one.
@@ -650,6 +668,36 @@ pub(super) fn fn_name(p: &Profiler, fi: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each outermost activation counts once; a censored outermost one
+    /// counts too, as a part as uncertain as it is large; a censored
+    /// nested one does not.
+    #[test]
+    fn a_censored_outermost_activation_holds_its_functions_inclusive_time() {
+        let mut a = FnAgg::default();
+        a.record(100, true, 2, 0);
+        a.record(50, false, 2, 0);
+        // 40 calls of mean 75: the outermost ones' share, as before.
+        assert_eq!(inclusive(&a, 3_000.0), (2_000.0, 0.0));
+        a.censor(1_000, 2, false);
+        assert_eq!(inclusive(&a, 3_000.0), (2_000.0, 0.0), "a nested one adds nothing");
+        // An interpreter's loop: its timed calls nested in its main one,
+        // censored. It was 0.
+        let mut b = FnAgg::default();
+        for _ in 0..3 {
+            b.record(10, false, 4, 0);
+        }
+        assert_eq!(inclusive(&b, 5_000.0), (0.0, 0.0));
+        b.censor(1_000, 2, true);
+        let (total, censored) = inclusive(&b, 5_000.0);
+        assert!((total - 5_000.0 * 2_000.0 / 2_120.0).abs() < 1e-6, "{total}");
+        assert_eq!(total, censored);
+        // Censored calls alone.
+        let mut c = FnAgg::default();
+        c.censor(1_000, 1, true);
+        assert_eq!(inclusive(&c, 700.0), (700.0, 0.0));
+        assert_eq!(inclusive(&FnAgg::default(), 700.0), (0.0, 0.0));
+    }
 
     /// Two functions laid end to end, and one whose end is not known: a
     /// CPU sample on the second's first byte is the second's, a return

@@ -118,6 +118,10 @@ pub(crate) struct FnAgg {
     /// Timed calls whose exit went unwatched, each at the time it is known
     /// to have lasted (censored: see [`super::survival`]), weighted.
     pub censored: Hist,
+    /// The weighted censored durations of those that were their
+    /// function's outermost activation: the inclusive time they are known
+    /// to hold (an interpreter's main loop, censored once, is all of it).
+    pub outer_censored: u64,
 }
 
 impl Default for FnAgg {
@@ -134,6 +138,7 @@ impl Default for FnAgg {
             hooks_in: 0,
             hist: Hist::default(),
             censored: Hist::default(),
+            outer_censored: 0,
         }
     }
 }
@@ -160,9 +165,13 @@ impl FnAgg {
     }
 
     /// Records a timed call known only to have lasted at least `c` ticks,
-    /// standing for `w` calls.
-    pub(crate) fn censor(&mut self, c: u64, w: u32) {
+    /// standing for `w` calls; `outer`: its function's outermost
+    /// activation on its thread.
+    pub(crate) fn censor(&mut self, c: u64, w: u32, outer: bool) {
         self.censored.add_weighted(c, u64::from(w));
+        if outer {
+            self.outer_censored = self.outer_censored.saturating_add(c.saturating_mul(u64::from(w)));
+        }
     }
 
     /// Whether any timed call of the function was recorded, whole or
@@ -188,6 +197,7 @@ impl FnAgg {
         self.hooks_in = self.hooks_in.saturating_add(o.hooks_in);
         self.hist.merge(&o.hist);
         self.censored.merge(&o.censored);
+        self.outer_censored = self.outer_censored.saturating_add(o.outer_censored);
     }
 }
 
@@ -389,8 +399,8 @@ impl Agg {
     }
 
     /// Records a censored call of function `fi` (see [`FnAgg::censor`]).
-    pub(crate) fn censor(&mut self, fi: u32, c: u64, w: u32) {
-        self.function(fi).censor(c, w);
+    pub(crate) fn censor(&mut self, fi: u32, c: u64, w: u32, outer: bool) {
+        self.function(fi).censor(c, w, outer);
     }
 
     /// The functions sampled on this thread, by index (after a fold).
