@@ -100,6 +100,21 @@ fn inclusive(a: &FnAgg, all: f64) -> (f64, f64) {
     (all * (a.outer_sum as f64 + oc) / timed, all * oc / timed)
 }
 
+/// A function's total and its deviation, `(total, sd)`, where every
+/// timed call was nested in an activation of its own that was never timed
+/// whole (a recursion's untimed top; an interpreter's main loop whose exit
+/// and censoring time went unseen): the outermost time is not known, so
+/// the total is its self time at least (the CPU samples saw it run) and
+/// may be anything up to `cap`, the run on its threads. It read `0.000 +-
+/// 0.000`, and capped its callees at 0. Others as they are.
+fn outermost_unknown(a: &FnAgg, (total, sd): (f64, f64), self_ms: f64, cap: f64) -> (f64, f64) {
+    if a.n > 0 && a.outer_sum == 0 && a.outer_censored == 0 {
+        (total.max(self_ms.min(cap)), sd.max(cap))
+    } else {
+        (total, sd)
+    }
+}
+
 /// Caps each function's inclusive time at its callers': a function all of
 /// whose timed calls came from instrumented functions (other than itself)
 /// ran inside them, so its total is at most the sum of theirs, each with
@@ -331,6 +346,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // recursive interpreter loop) says nothing of the cap.
             let spread = ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part));
             let total_sd = if capped { spread.min(total) } else { spread };
+            let (total, total_sd) = outermost_unknown(a, (total, total_sd), self_ms, cap);
             let pct = |q: f64| match adjusted.get(&fi) {
                 // A censored call may outlast every timed one.
                 Some(adj) => us(adj.percentile(q)),
@@ -697,6 +713,24 @@ mod tests {
         c.censor(1_000, 1, true);
         assert_eq!(inclusive(&c, 700.0), (700.0, 0.0));
         assert_eq!(inclusive(&FnAgg::default(), 700.0), (0.0, 0.0));
+    }
+
+    /// A function whose timed calls were all nested in an untimed
+    /// activation of its own has an unknown total: its self time at least,
+    /// anything up to the run; one with an outermost call timed, or with
+    /// no timed call, is left as it is.
+    #[test]
+    fn a_total_of_nested_calls_alone_is_unknown_up_to_the_run() {
+        let mut nested = FnAgg::default();
+        nested.record(10, false, 4, 0);
+        assert_eq!(outermost_unknown(&nested, (0.0, 0.0), 92.5, 800.0), (92.5, 800.0));
+        assert_eq!(outermost_unknown(&nested, (0.0, 0.0), 900.0, 800.0), (800.0, 800.0));
+        let mut outer = nested.clone();
+        outer.record(10, true, 4, 0);
+        assert_eq!(outermost_unknown(&outer, (3.0, 1.0), 92.5, 800.0), (3.0, 1.0));
+        nested.censor(1_000, 1, true);
+        assert_eq!(outermost_unknown(&nested, (3.0, 1.0), 92.5, 800.0), (3.0, 1.0));
+        assert_eq!(outermost_unknown(&FnAgg::default(), (0.0, 0.0), 5.0, 800.0), (0.0, 0.0));
     }
 
     /// Two functions laid end to end, and one whose end is not known: a
