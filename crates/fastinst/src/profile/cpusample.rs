@@ -235,7 +235,7 @@ pub(crate) fn start() -> bool {
 ///
 /// Attached, the profiler starts on one of the program's threads that the
 /// attaching command traces for the while: each signal there stops the
-/// thread for its tracer, and a measurement on it read two to three times
+/// thread for its tracer, and a measurement on it read several times
 /// what a signal costs the program's threads once the command has let
 /// them go. A thread of its own is not traced. Preloaded, the measurement
 /// stays on the starting thread: a first thread would switch the C

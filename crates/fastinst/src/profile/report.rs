@@ -85,7 +85,7 @@ fn total_spread(a: &FnAgg, calls: f64, calls_sd: f64) -> f64 {
 /// Each outermost activation counts once (a nested one's time is in its
 /// outermost one's): `all` times the outermost activations' share of the
 /// timed time, a censored outermost one's with them. Without that one, an
-/// interpreter's loop whose main activation was censored read 0: every
+/// interpreter's loop whose main activation was censored read zero: every
 /// other timed call of it was nested in that one. A function with only
 /// censored calls is taken as `all`.
 fn inclusive(a: &FnAgg, all: f64) -> (f64, f64) {
@@ -105,8 +105,8 @@ fn inclusive(a: &FnAgg, all: f64) -> (f64, f64) {
 /// whole (a recursion's untimed top; an interpreter's main loop whose exit
 /// and censoring time went unseen): the outermost time is not known, so
 /// the total is its self time at least (the CPU samples saw it run) and
-/// may be anything up to `cap`, the run on its threads. It read `0.000 +-
-/// 0.000`, and capped its callees at 0. Others as they are.
+/// may be anything up to `cap`, the run on its threads. It read zero with
+/// no spread, and capped its callees at zero. Others as they are.
 fn outermost_unknown(a: &FnAgg, (total, sd): (f64, f64), self_ms: f64, cap: f64) -> (f64, f64) {
     if a.n > 0 && a.outer_sum == 0 && a.outer_censored == 0 {
         (total.max(self_ms.min(cap)), sd.max(cap))
