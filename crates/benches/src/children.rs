@@ -38,12 +38,11 @@ impl Children {
     /// Records the instrumented `bin args` once with `lib` preloaded and
     /// every probe off, with call graphs.
     pub fn record_off(work: &Path, bin: &Path, args: &[String], lib: &Path) -> Result<Children> {
-        let env = [format!("LD_PRELOAD={}", lib.display()), "FASTINST_TOOL=off".to_string()];
         let text = crate::perf::record_once(
             work,
             bin,
             args,
-            &env,
+            &crate::perf::off_env(lib),
             0,
             &["-F", &HZ.to_string(), "--call-graph", STACK],
             &["--children", "--sort", "dso,sym", "-g", "none", "-n"],

@@ -55,8 +55,7 @@ impl PerfShares {
     /// Records the instrumented `bin args` [`RUNS`] times with `lib`
     /// preloaded and every probe off.
     pub fn record_off(work: &Path, bin: &Path, args: &[String], lib: &Path) -> Result<PerfShares> {
-        let env = [format!("LD_PRELOAD={}", lib.display()), "FASTINST_TOOL=off".to_string()];
-        PerfShares::record_with(work, bin, args, &env)
+        PerfShares::record_with(work, bin, args, &off_env(lib))
     }
 
     fn record_with(work: &Path, bin: &Path, args: &[String], env: &[String]) -> Result<PerfShares> {
@@ -93,6 +92,11 @@ impl PerfShares {
         }
         m
     }
+}
+
+/// The environment of a run with `lib` preloaded and every probe off.
+pub(crate) fn off_env(lib: &Path) -> [String; 2] {
+    [format!("LD_PRELOAD={}", lib.display()), "FASTINST_TOOL=off".to_string()]
 }
 
 /// Whether perf can record here.
