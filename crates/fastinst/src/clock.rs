@@ -95,6 +95,13 @@ pub struct ThreadClock {
     died: AtomicU64,
     /// Its kernel thread id.
     tid: i32,
+    /// Ticks charged for the CPU-sampling signals that landed on this
+    /// thread ([`charge_signal`]; its signal handler only). Apart from
+    /// [`ThreadClock::hook_ticks`]'s own count, which the thread's hooks
+    /// write with a plain load and store: a signal charged between the two
+    /// would be lost, and the hooks' time alone could not be told from the
+    /// signals' ([`ThreadClock::hooks_alone`]).
+    signal_ticks: AtomicU64,
     /// Which lane of each sled counter it counts in, as the byte offset of
     /// that lane (`crate::sled::counter`): threads registered one after
     /// another count in different lanes, so two threads calling one
@@ -119,11 +126,18 @@ pub(crate) const TIMED_OFFSET: u8 = std::mem::offset_of!(ThreadClock, timed_sp) 
 const _: () = assert!(std::mem::offset_of!(ThreadClock, timed_sp) < 128);
 
 impl ThreadClock {
-    /// Ticks this thread has spent inside hooks so far: as stamped, and
-    /// the counting stub's calls and the cheap exits at their calibrated
-    /// costs.
+    /// Ticks this thread has spent inside hooks so far: as stamped, the
+    /// counting stub's calls and the cheap exits at their calibrated
+    /// costs, and its sampling signals at theirs.
     #[inline(always)]
     pub fn hook_ticks(&self) -> u64 {
+        self.hooks_alone() + self.signal_ticks.load(Ordering::Relaxed)
+    }
+
+    /// [`ThreadClock::hook_ticks`] without its sampling signals' charge:
+    /// the time of the profiler's code that ran on the thread, as charged.
+    #[inline(always)]
+    pub fn hooks_alone(&self) -> u64 {
         self.stamped()
             + fast_charge(
                 self.fast_calls(),
@@ -325,6 +339,7 @@ fn register(now: u64) -> Option<&'static ThreadClock> {
         died: AtomicU64::new(0),
         // SAFETY: gettid has no preconditions.
         tid: unsafe { libc::gettid() },
+        signal_ticks: AtomicU64::new(0),
         lane: crate::sled::counter::lane_offset(i),
     });
     crate::spin::release(&PUSH);
@@ -597,23 +612,37 @@ pub(crate) fn charge_discovery(ticks: u64) {
 }
 
 /// Adds `ticks` of work done on this thread's behalf outside a hook's own
-/// stretch (a signal handler of a tool, a CPU sample's signal at its
-/// measured cost, the profiler's work at exit) to its hook time.
+/// stretch (the profiler's work at exit) to its hook time. Not from a
+/// signal handler: a signal between a hook's end reading the count and
+/// storing it would lose the charge; a sampling signal's goes through
+/// [`charge_signal`].
 ///
 /// A hook in progress started before that work: its start moves on by
 /// `ticks`, so that its own charge at its end (its stamps' stretch, at
 /// most [`MAX_HOOK`]) does not hold the work too; readers on other
-/// threads see the hook time only grow. Async-signal-safe (atomics of the
-/// thread's own record). From a signal handler, the one interleaving that
-/// loses the charge is a signal between a hook's end reading the count
-/// and storing it (a few instructions); one between a hook's stamp and
-/// its start being noted charges the signal twice, up to [`MAX_HOOK`].
+/// threads see the hook time only grow.
 pub fn charge(ticks: u64) {
     let Some(rec) = current() else { return };
     let since = rec.open_since.load(Ordering::Relaxed);
     // The count first, as at a hook's end: a reader adds the running part
     // to it.
     rec.hook_ticks.store(rec.stamped() + ticks, Ordering::Release);
+    if since != 0 {
+        rec.open_since.store(since + ticks, Ordering::Release);
+    }
+}
+
+/// Adds `ticks`, a CPU-sampling signal's measured cost, to this thread's
+/// hook time ([`ThreadClock::signal_ticks`]), from the signal's handler, as
+/// [`charge`] does for other work: a hook in progress moves its start on
+/// by as much. Async-signal-safe; no hook's end can lose it. A signal
+/// between a hook's stamp and its start being noted is charged twice, up
+/// to [`MAX_HOOK`].
+pub(crate) fn charge_signal(ticks: u64) {
+    let Some(rec) = current() else { return };
+    let since = rec.open_since.load(Ordering::Relaxed);
+    rec.signal_ticks
+        .store(rec.signal_ticks.load(Ordering::Relaxed) + ticks, Ordering::Release);
     if since != 0 {
         rec.open_since.store(since + ticks, Ordering::Release);
     }
@@ -756,7 +785,8 @@ mod tests {
     /// inside a hook moves the hook's start on, so the hook is charged
     /// its own stretch and the signal once (not the cap: a signal of
     /// several times [`MAX_HOOK`] inside a hook was charged at most the
-    /// cap, and the rest stayed in the program's time).
+    /// cap, and the rest stayed in the program's time). Sampling signals'
+    /// charges stay apart from the hooks' own; other work's is the hooks'.
     #[test]
     fn a_signal_is_charged_once_inside_a_hook_or_out() {
         std::thread::spawn(|| {
@@ -764,19 +794,26 @@ mod tests {
             let rec = begin(t).expect("record");
             end_fi(rec as *const ThreadClock as usize, t + 200);
             let base = rec.hook_ticks();
-            charge(40_000);
+            let alone = rec.hooks_alone();
+            charge_signal(40_000);
             assert_eq!(rec.hook_ticks(), base + 40_000, "between hooks: whole");
+            assert_eq!(rec.hooks_alone(), alone, "not the hooks' own");
             let t = t + 1_000_000;
             begin(t);
             let mid = rec.hook_ticks_at(t + 100);
-            charge(40_000);
+            charge_signal(40_000);
             let after = rec.hook_ticks_at(t + 40_200);
             assert!(after >= mid, "readings never go back: {after} < {mid}");
             // The hook ran 300 ticks besides the signal's 40,000.
             end_fi(rec as *const ThreadClock as usize, t + 40_300);
-            let hook = rec.hook_ticks() - base - 40_000;
+            let hook = rec.hook_ticks() - base - 80_000;
             let unseen = u64::from(UNSEEN_FI.load(Ordering::Relaxed));
-            assert_eq!(hook - unseen, 40_300, "the signal and the hook's own 300 ticks");
+            assert_eq!(hook - unseen, 300, "the hook's own 300 ticks, the signal's apart");
+            assert_eq!(rec.hooks_alone() - alone - unseen, 300);
+            // The profiler's own work, charged by the thread itself.
+            charge(5_000);
+            assert_eq!(rec.hooks_alone() - alone - unseen, 5_300);
+            assert_eq!(rec.hook_ticks() - base - unseen, 85_300);
         })
         .join()
         .unwrap();

@@ -494,7 +494,7 @@ fn cpu_attribution(ranges: &[(usize, usize, u32)], program_name: &str, ticks_per
             (s, s.in_hook || (lo..hi).contains(&s.pc) || in_stub())
         })
         .collect();
-    let threads = super::uncharged::rows(&samples, ticks_per_ms, super::signalcost::ticks());
+    let threads = super::uncharged::rows(&samples, ticks_per_ms);
     let mut by_function: FxMap<u32, u64> = FxMap::default();
     let mut other: FxMap<u64, u64> = FxMap::default();
     let mut by_symbol: FxMap<Arc<str>, u64> = FxMap::default();

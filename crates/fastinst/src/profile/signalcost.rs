@@ -24,7 +24,7 @@
 //! stores, against the kernel's microseconds.
 //!
 //! The charge ([`charge`]) goes to the thread's hook time
-//! (`crate::clock::charge`), so durations and exposures leave it
+//! (`crate::clock::charge_signal`), so durations and exposures leave it
 //! out as they leave out the hooks' time. It is a mean, not this signal's
 //! own cost, which nothing measures: a sample whose signal took longer
 //! (the host was busy) leaves the rest in the program's time.
@@ -71,7 +71,7 @@ pub(super) fn count() {
 pub(super) fn charge() {
     let t = ticks();
     if t != 0 {
-        crate::clock::charge(t);
+        crate::clock::charge_signal(t);
     }
 }
 

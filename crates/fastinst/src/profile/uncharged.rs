@@ -37,8 +37,10 @@ static MARKS: Mutex<Marks> = Mutex::new(Marks {
     ended: None,
 });
 
+/// The hooks' charges alone: the sampling signals' are charged apart
+/// (`crate::clock::charge_signal`), and no sample sees a signal's cost.
 fn charges() -> Vec<u64> {
-    crate::clock::threads().map(|t| t.hook_ticks()).collect()
+    crate::clock::threads().map(|t| t.hooks_alone()).collect()
 }
 
 fn marks() -> std::sync::MutexGuard<'static, Marks> {
@@ -59,16 +61,14 @@ pub(crate) fn freeze() {
 
 /// The sampled threads' rows, from `samples` (each with whether it fell
 /// in the profiler's code) and the clock's threads, with their charges
-/// from [`begin`] to [`freeze`] or, while samples are taken, to now: their
-/// hooks' alone, without the `signal_ticks` each sample's signal was
-/// charged (`super::signalcost`), which no sample sees.
-pub(super) fn rows(samples: &[(Sample, bool)], ticks_per_ms: f64, signal_ticks: u64) -> Vec<CpuThread> {
+/// from [`begin`] to [`freeze`] or, while samples are taken, to now.
+pub(super) fn rows(samples: &[(Sample, bool)], ticks_per_ms: f64) -> Vec<CpuThread> {
     let m = marks();
-    tally(samples, ticks_per_ms, signal_ticks, |i| {
+    tally(samples, ticks_per_ms, |i| {
         let t = crate::clock::thread(i)?;
         let at = |v: &Vec<u64>| v.get(i as usize).copied();
         // A thread first clocked after the end had no charge in it.
-        let end = m.ended.as_ref().map_or_else(|| Some(t.hook_ticks()), at).unwrap_or(0);
+        let end = m.ended.as_ref().map_or_else(|| Some(t.hooks_alone()), at).unwrap_or(0);
         let start = at(&m.began).unwrap_or(0);
         Some((t.tid(), end.saturating_sub(start)))
     })
@@ -78,12 +78,7 @@ pub(super) fn rows(samples: &[(Sample, bool)], ticks_per_ms: f64, signal_ticks: 
 /// the table: its id and the ticks charged to it while the samples were
 /// taken), ordered by samples, most first.
 /// Samples of a thread the table does not name are in no row.
-fn tally(
-    samples: &[(Sample, bool)],
-    ticks_per_ms: f64,
-    signal_ticks: u64,
-    thread: impl Fn(u32) -> Option<(i32, u64)>,
-) -> Vec<CpuThread> {
+fn tally(samples: &[(Sample, bool)], ticks_per_ms: f64, thread: impl Fn(u32) -> Option<(i32, u64)>) -> Vec<CpuThread> {
     let mut by_thread: FxMap<u32, (u64, u64)> = FxMap::default();
     for (s, profiler) in samples {
         if let Some(i) = s.thread {
@@ -96,12 +91,11 @@ fn tally(
         .into_iter()
         .filter_map(|(i, (samples, profiler_samples))| {
             let (tid, ticks) = thread(i)?;
-            let hooks = ticks.saturating_sub(samples * signal_ticks);
             Some(CpuThread {
                 tid,
                 samples,
                 profiler_samples,
-                charged_ms: hooks as f64 / ticks_per_ms,
+                charged_ms: ticks as f64 / ticks_per_ms,
             })
         })
         .collect();
@@ -140,14 +134,7 @@ mod tests {
             2 => Some((102, 500)),
             _ => None,
         };
-        // Each sample's signal charged 100 ticks besides the hooks: the
-        // rows hold the hooks' charge alone.
-        let hooks: Vec<f64> = tally(&samples, 1000.0, 100, thread)
-            .iter()
-            .map(|r| r.charged_ms)
-            .collect();
-        assert_eq!(hooks, vec![2.2, 0.3]);
-        let rows = tally(&samples, 1000.0, 0, thread);
+        let rows = tally(&samples, 1000.0, thread);
         assert_eq!(
             rows,
             vec![
