@@ -615,7 +615,7 @@ pub(crate) fn charge_discovery(ticks: u64) {
 /// stretch (the profiler's work at exit) to its hook time. Not from a
 /// signal handler: a signal between a hook's end reading the count and
 /// storing it would lose the charge; a sampling signal's goes through
-/// [`charge_signal`].
+/// `charge_signal`.
 ///
 /// A hook in progress started before that work: its start moves on by
 /// `ticks`, so that its own charge at its end (its stamps' stretch, at
