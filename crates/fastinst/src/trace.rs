@@ -581,7 +581,10 @@ fn collect(t: &Tracer, now: u64) -> Report {
                 calls_sd: 0.0,
                 calls_exact: true,
                 total_ms: ms(a.inclusive as f64),
-                total_sd: 0.0,
+                // Every call timed: only the hooks' charges inside the
+                // calls leave the total uncertain, as its percentiles.
+                total_sd: ms(a.inclusive as f64)
+                    * crate::profile::range::charges_error(a.hooks_in as f64, a.own as f64),
                 recursive: false,
                 total_capped: false,
                 self_ms: ms(a.self_ticks as f64),

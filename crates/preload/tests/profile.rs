@@ -222,11 +222,19 @@ fn check_accuracy(cc: &str, flag: &str) {
     for (name, want) in [("leaf", t.leaf_total_ms), ("nap", t.nap_total_ms)] {
         let g = f(name);
         let all_timed = g.calls_exact && g.calls_sampled as f64 == g.calls_estimated;
-        assert_eq!(
-            g.total_sd == 0.0,
-            all_timed,
-            "{name}: only a total of timed calls alone has no spread"
-        );
+        // Timed calls alone leave only the charges taken off inside them
+        // (a sample's signal, a hook) uncertain: a small part of calls
+        // that mostly spin.
+        if all_timed {
+            assert!(
+                g.total_sd <= 0.05 * g.total_ms,
+                "{name}: a total of timed calls alone has the charges' spread only: {} of {}",
+                g.total_sd,
+                g.total_ms
+            );
+        } else {
+            assert!(g.total_sd > 0.0, "{name}: a total of sampled calls has a spread");
+        }
         let tol = (3.0 * g.total_sd / want).max(0.10).max(waited + 0.05);
         within(
             &format!(

@@ -20,7 +20,8 @@
 //!   text's second `+-`) joins the call estimate's and the sampled
 //!   mean's: a rare long call (a thread preempted inside it) that a few
 //!   timed calls caught or missed moves the mean, and the spread says by
-//!   how much.
+//!   how much; so do the hooks' charges taken off inside the timed calls,
+//!   which err alike in every call.
 //! - **Self time**: the function's CPU samples (`cpusample`) times the
 //!   sampling interval; `self_share` is its percentage of the program's
 //!   samples (the profiler's own excluded). Without CPU samples it is
@@ -520,10 +521,11 @@ pub struct FunctionRow {
     /// Estimated total (inclusive) time: each outermost activation once
     /// (a recursive function's nested activations are inside it).
     pub total_ms: f64,
-    /// `total_ms`'s standard deviation: the call estimate's spread and
-    /// the timed calls' mean's (their durations' spread over the square
-    /// root of their number) together; 0 when every call was timed; at
-    /// most the total when it was capped.
+    /// `total_ms`'s standard deviation: the call estimate's spread, the
+    /// timed calls' mean's (their durations' spread over the square root
+    /// of their number) and that of the hooks' charges taken off inside
+    /// them (5% of those charges, as the percentiles' ranges hold)
+    /// together; at most the total when it was capped.
     #[serde(default)]
     pub total_sd: f64,
     /// Activations of this function were sampled inside others of it: a

@@ -64,10 +64,18 @@ pub(crate) struct Error {
 /// own time (both summed alike): two of [`HOOK_COST_SPREAD`]'s deviations
 /// of the charges, over the time they were taken from.
 pub(crate) fn systematic(hooks: f64, own: f64) -> f64 {
+    Z * charges_error(hooks, own)
+}
+
+/// One deviation of the hooks' charges inside timed calls with `hooks`
+/// ticks charged to hooks over `own` ticks of their own time, relative to
+/// that time: [`HOOK_COST_SPREAD`] of the charges. A total holds it as
+/// its percentiles do (`super::report`).
+pub(crate) fn charges_error(hooks: f64, own: f64) -> f64 {
     if own <= 0.0 {
         return 0.0;
     }
-    Z * HOOK_COST_SPREAD * hooks.max(0.0) / own
+    HOOK_COST_SPREAD * hooks.max(0.0) / own
 }
 
 /// The range of the `q`-quantile of a function's timed calls, given

@@ -77,6 +77,15 @@ fn total_spread(a: &FnAgg, calls: f64, calls_sd: f64) -> f64 {
     calls * outer_mean * rel.sqrt()
 }
 
+/// The part of a total `total` that the hooks inside its timed calls `a`
+/// leave uncertain (one deviation, in `total`'s unit): they were taken
+/// off the durations at their charge, which errs alike in every call
+/// (`super::range::charges_error`), so no number of timed calls shrinks
+/// it. A short function whose calls run probed callees holds most.
+fn hooks_error(total: f64, a: &FnAgg) -> f64 {
+    total * super::range::charges_error(a.hooks_in as f64, a.sum as f64)
+}
+
 /// A function's inclusive time (ticks) from its timed calls `a`, given
 /// `all`, its estimated calls times their mean (the censored calls
 /// weighed in), and the part of it that censored outermost activations
@@ -344,7 +353,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // A capped total is as uncertain as all of it, and no more:
             // the uncapped estimate's spread (millions of ms for a
             // recursive interpreter loop) says nothing of the cap.
-            let spread = ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part));
+            let spread =
+                ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part)).hypot(hooks_error(total, a));
             let total_sd = if capped { spread.min(total) } else { spread };
             let (total, total_sd) = outermost_unknown(a, (total, total_sd), self_ms, cap);
             let pct = |q: f64| match adjusted.get(&fi) {
@@ -747,6 +757,26 @@ mod tests {
         assert_eq!(instrumented_at(&ranges, 0x280), None);
         assert_eq!(instrumented_at(&ranges, 0x300), None);
         assert_eq!(instrumented_caller(&ranges, 0x300), None);
+    }
+
+    /// A short function whose calls ran probed callees: its durations
+    /// had their callees' hooks taken off at their charge, and the total
+    /// is known only as well as that charge. A leaf's total has no such
+    /// part.
+    #[test]
+    fn the_hooks_inside_timed_calls_leave_their_total_as_uncertain_as_their_charge() {
+        let mut a = FnAgg::default();
+        // Two calls standing for 4 each: 100 and 60 ticks of their own,
+        // beside 300 and 180 ticks charged to hooks inside them.
+        a.record(100, true, 4, 300);
+        a.record(60, true, 4, 180);
+        // Hooks three times the calls' own time.
+        let want = 10.0 * 3.0 * super::super::window::HOOK_COST_SPREAD;
+        assert!((hooks_error(10.0, &a) - want).abs() < 1e-9);
+        let mut leaf = FnAgg::default();
+        leaf.record(100, true, 4, 0);
+        assert_eq!(hooks_error(10.0, &leaf), 0.0);
+        assert_eq!(hooks_error(10.0, &FnAgg::default()), 0.0, "nothing timed");
     }
 
     /// The spread of an inclusive time is what the textbook formula gives
