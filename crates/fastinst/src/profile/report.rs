@@ -128,13 +128,18 @@ fn outermost_unknown(a: &FnAgg, (total, sd): (f64, f64), self_ms: f64, cap: f64)
 /// whose timed calls came from instrumented functions (other than itself)
 /// ran inside them, so its total is at most the sum of theirs, each with
 /// two of its standard deviations of room (none for a caller timed
-/// whole, such as a thread body). An estimate past it is marked capped
-/// (`!`), as one past the run is: the report's totals nest as the calls
-/// do.
-fn nest(functions: &mut [FunctionRow], edges: &[EdgeRow]) {
+/// whole, such as a thread body). The deviation is the one `sd` gives by
+/// name (the total's, less the hooks' charges' part: a callee's hooks are
+/// among its caller's, so the two totals err alike), else the total's.
+/// An estimate past it is marked capped (`!`), as one past the run is:
+/// the report's totals nest as the calls do.
+fn nest(functions: &mut [FunctionRow], edges: &[EdgeRow], sd: &FxMap<String, f64>) {
     let room: FxMap<&str, f64> = functions
         .iter()
-        .map(|f| (f.name.as_str(), f.total_ms + 2.0 * f.total_sd))
+        .map(|f| {
+            let sd = sd.get(&f.name).copied().unwrap_or(f.total_sd);
+            (f.name.as_str(), f.total_ms + 2.0 * sd)
+        })
         .collect();
     // Per callee: the callers' room summed, or None once a caller is not
     // an instrumented function.
@@ -321,6 +326,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let threads_seen = p.stores().count().max(1) as f64;
     let cap = wall_ns / 1e6 * threads_seen;
     let empty = (FnAgg::default(), Vec::new());
+    // Each function's deviation without the hooks' part, by index.
+    let mut room: FxMap<u32, f64> = FxMap::default();
     let mut functions: Vec<FunctionRow> = est
         .keys()
         .copied()
@@ -353,9 +360,14 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // A capped total is as uncertain as all of it, and no more:
             // the uncapped estimate's spread (millions of ms for a
             // recursive interpreter loop) says nothing of the cap.
-            let spread =
-                ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part)).hypot(hooks_error(total, a));
+            let sampled = ms((total_spread(a, calls, sd) * raised_by(fi)).hypot(censored_part));
+            let spread = sampled.hypot(hooks_error(total, a));
             let total_sd = if capped { spread.min(total) } else { spread };
+            // Its callees' room below it leaves the hooks' part out: their
+            // hooks are among its own, charged alike, so their totals move
+            // with it (`nest`).
+            let (_, room_sd) = outermost_unknown(a, (total, sampled.min(total_sd)), self_ms, cap);
+            room.insert(fi, room_sd);
             let (total, total_sd) = outermost_unknown(a, (total, total_sd), self_ms, cap);
             let pct = |q: f64| match adjusted.get(&fi) {
                 // A censored call may outlast every timed one.
@@ -406,7 +418,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
-    nest(&mut functions, &edges_out);
+    let room: FxMap<String, f64> = room.into_iter().map(|(fi, sd)| (fn_name(p, fi), sd)).collect();
+    nest(&mut functions, &edges_out, &room);
     functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
 
     for (node, n, self_ticks, last) in ends {
@@ -757,6 +770,54 @@ mod tests {
         assert_eq!(instrumented_at(&ranges, 0x280), None);
         assert_eq!(instrumented_at(&ranges, 0x300), None);
         assert_eq!(instrumented_caller(&ranges, 0x300), None);
+    }
+
+    /// A callee's total is capped at its caller's, with room for the
+    /// caller's sampling error but not for its hooks' charges, which its
+    /// callee's total shares: a thread body timed whole leaves no room.
+    #[test]
+    fn a_callee_nests_in_its_caller_whatever_their_hooks_charges() {
+        let row = |name: &str, total_ms: f64, total_sd: f64| FunctionRow {
+            name: name.into(),
+            total_ms,
+            total_sd,
+            ..FunctionRow::default()
+        };
+        let edge = |caller: &str, callee: &str| EdgeRow {
+            caller: caller.into(),
+            callee: callee.into(),
+            calls_sampled: 1,
+            calls_estimated: 1.0,
+            total_ms: 1.0,
+        };
+        let edges = [edge("worker", "handle"), edge("handle", "lookup")];
+        let rows = || {
+            vec![
+                row("worker", 100.0, 10.0),
+                row("handle", 105.0, 5.0),
+                row("lookup", 110.0, 1.0),
+            ]
+        };
+        // Worker timed whole: its 10 ms deviation is its hooks' alone.
+        let sd: FxMap<String, f64> = [("worker".to_string(), 0.0), ("handle".to_string(), 2.0)]
+            .into_iter()
+            .collect();
+        let mut f = rows();
+        nest(&mut f, &edges, &sd);
+        assert_eq!(
+            (f[1].total_ms, f[1].total_capped),
+            (100.0, true),
+            "handle within worker"
+        );
+        assert_eq!(f[1].total_sd, 5.0);
+        // Lookup within handle's estimate, two of its sampling deviations
+        // of room (the capped total's room is its own before the cap).
+        assert_eq!((f[2].total_ms, f[2].total_capped), (109.0, true));
+        assert!(!f[0].total_capped);
+        // Without the split, the whole deviation is room.
+        let mut f = rows();
+        nest(&mut f, &edges, &FxMap::default());
+        assert_eq!((f[1].total_ms, f[1].total_capped), (105.0, false));
     }
 
     /// A short function whose calls ran probed callees: its durations
