@@ -326,8 +326,8 @@ pub(crate) fn collect(p: &Profiler) -> Report {
     let threads_seen = p.stores().count().max(1) as f64;
     let cap = wall_ns / 1e6 * threads_seen;
     let empty = (FnAgg::default(), Vec::new());
-    // Each function's deviation without the hooks' part, by index.
-    let mut room: FxMap<u32, f64> = FxMap::default();
+    // Each function's deviation without the hooks' part, by name.
+    let mut room: FxMap<String, f64> = FxMap::default();
     let mut functions: Vec<FunctionRow> = est
         .keys()
         .copied()
@@ -336,6 +336,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
         .into_iter()
         .map(|fi| {
             let f = p.funcs.get(fi).expect("exists");
+            let name = fn_name(p, fi);
             let (a, tids) = fns.get(&fi).unwrap_or(&empty);
             let mut tids = tids.clone();
             tids.sort_unstable();
@@ -367,7 +368,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             // hooks are among its own, charged alike, so their totals move
             // with it (`nest`).
             let (_, room_sd) = outermost_unknown(a, (total, sampled.min(total_sd)), self_ms, cap);
-            room.insert(fi, room_sd);
+            room.insert(name.clone(), room_sd);
             let (total, total_sd) = outermost_unknown(a, (total, total_sd), self_ms, cap);
             let pct = |q: f64| match adjusted.get(&fi) {
                 // A censored call may outlast every timed one.
@@ -390,7 +391,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 None => super::range::range(q, err, |l| a.hist.percentile(a.w, l), bounds, us),
             };
             FunctionRow {
-                name: fn_name(p, fi),
+                name,
                 address: format!("{:#x}", f.addr),
                 calls_sampled: a.n,
                 calls_estimated: calls,
@@ -418,7 +419,6 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             }
         })
         .collect();
-    let room: FxMap<String, f64> = room.into_iter().map(|(fi, sd)| (fn_name(p, fi), sd)).collect();
     nest(&mut functions, &edges_out, &room);
     functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.name.cmp(&b.name)));
 
