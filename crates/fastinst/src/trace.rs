@@ -644,6 +644,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             cpu_samples: false,
             drawn: false,
             changed: 0,
+            timing_scale: 1.0,
         },
         overhead: Overhead {
             probes: registry::count(),

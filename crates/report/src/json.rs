@@ -194,6 +194,7 @@ mod tests {
                 cpu_samples: true,
                 drawn: true,
                 changed: 0,
+                timing_scale: 0.25,
             },
             overhead: Overhead {
                 samples_per_s: x(),

@@ -37,7 +37,7 @@
 //!
 //! JSON schema `fastinst-profile/4`: `{schema, program, pid, wall_ms,
 //! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined, changed,
-//! windows, cpu_samples}, overhead:
+//! windows, cpu_samples, timing_scale}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
 //! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, censored_frames, too_deep,
 //! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
@@ -420,6 +420,17 @@ pub struct SettingsOut {
     /// 0 in reports written before.
     #[serde(default)]
     pub changed: u32,
+    /// The share of [`SettingsOut::samples_per_window`] the profiler
+    /// timed, averaged over the epochs: under 1 where it timed fewer calls
+    /// to hold its own share of the program's CPU time (1 in traces and
+    /// in reports written before).
+    #[serde(default = "one")]
+    pub timing_scale: f64,
+}
+
+/// The default of fields whose absence means "as set".
+fn one() -> f64 {
+    1.0
 }
 
 /// The profiler's own cost and losses.
@@ -708,6 +719,13 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
                 "sampling: epochs of {} ms; {} windows per busy function at random times count its calls, and about {} calls of each function an epoch are timed, drawn at random among the counted ones",
                 r.settings.epoch_ms, r.settings.windows, r.settings.samples_per_window
             )?;
+            if r.settings.timing_scale < 0.995 {
+                writeln!(
+                    s,
+                    "timing: {:.1}% of those calls on average, to hold the profiler's share of the program's CPU time (docs/profiler.md)",
+                    100.0 * r.settings.timing_scale
+                )?;
+            }
             if r.settings.changed > 0 {
                 writeln!(
                     s,
@@ -1095,6 +1113,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             cpu_samples: true,
             drawn: true,
             changed: 0,
+            timing_scale: 1.0,
         },
         overhead: Overhead::default(),
         functions: Vec::new(),

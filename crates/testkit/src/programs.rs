@@ -3,10 +3,11 @@
 use std::fmt::Write as _;
 
 /// A C program of `n` short functions (each `noinline`, a few
-/// nanoseconds) that four threads call in turn from a table. `argv`: the
-/// seconds of work, then the seconds idle before and after it (0, 0);
-/// prints `done` on stdout and the passes over the table on stderr
-/// (`passes N`).
+/// nanoseconds) that its threads call in turn from a table. `argv`: the
+/// seconds of work, the seconds idle before and after it (0, 0), and the
+/// threads (4, at most 64); prints `done` on stdout and the passes over
+/// the table on stderr (`passes N`): each function's calls, to within
+/// one a thread (a pass cut short at the end).
 pub fn many_functions(n: usize) -> String {
     let mut c = String::from(
         "#include <pthread.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <time.h>\n\
@@ -36,16 +37,18 @@ pub fn many_functions(n: usize) -> String {
            struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};\n\
            nanosleep(&ts, NULL);\n\
          }\n\
-         /* argv: seconds of work, then seconds idle before and after it. */\n\
+         /* argv: seconds of work, seconds idle before and after it, threads. */\n\
          int main(int argc, char **argv) {\n\
            double s = argc > 1 ? atof(argv[1]) : 2.0;\n\
+           int nt = argc > 4 ? atoi(argv[4]) : 4;\n\
+           if (nt < 1 || nt > 64) nt = 4;\n\
            nap(argc > 2 ? atof(argv[2]) : 0.0);\n\
-           pthread_t t[4];\n\
-           for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
+           pthread_t t[64];\n\
+           for (long i = 0; i < nt; i++) pthread_create(&t[i], NULL, worker, (void *)i);\n\
            nap(s);\n\
            stop = 1;\n\
            unsigned long passes = 0;\n\
-           for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); passes += (unsigned long)r; }\n\
+           for (int i = 0; i < nt; i++) { void *r; pthread_join(t[i], &r); passes += (unsigned long)r; }\n\
            nap(argc > 3 ? atof(argv[3]) : 0.0);\n\
            fprintf(stderr, \"passes %lu\\n\", passes);\n\
            printf(\"done\\n\");\n\

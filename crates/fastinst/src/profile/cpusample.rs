@@ -166,6 +166,9 @@ pub(crate) fn close_events() {
 /// Starts sampling (once per process; again in a forked child, whose
 /// timers were reset). Whether the samples are being taken.
 pub(crate) fn start() -> bool {
+    // Looked up here, on a thread the C library knows, for the sampler's
+    // tallies (`tally_since`), which may run on one it does not.
+    own_library();
     if BUF.load(Ordering::Acquire) == 0 {
         // A fresh mapping is zero (each slot an `AtomicU64` of 0) and costs
         // nothing until a sample lands on its page: written zero by the
@@ -487,12 +490,52 @@ pub(crate) fn samples() -> (Vec<Sample>, u64) {
     (v, n)
 }
 
+/// The slot the next kept sample takes (or [`CAPACITY`], once full).
+pub(crate) fn next_slot() -> u64 {
+    NEXT.load(Ordering::Acquire).min(CAPACITY as u64)
+}
+
+/// The samples kept in slots `[from, ..)` so far: where the next tally
+/// begins, how many there were, and how many of them were in the
+/// profiler's code (a hook's handler, or fastinst's own library).
+///
+/// For the sampler thread at each epoch's end, which may be one the C
+/// library does not know: it reads the slots and takes no lock, and
+/// allocates nothing. The library's range is the one [`start`] looked up;
+/// a sample in a counting stub counts as the program's here (the stubs'
+/// areas are behind a lock), so the tally errs towards the program.
+pub(crate) fn tally_since(from: u64) -> (u64, u64, u64) {
+    let buf = BUF.load(Ordering::Acquire) as *const AtomicU64;
+    let to = next_slot();
+    if buf.is_null() || from >= to {
+        return (from.max(to), 0, 0);
+    }
+    let (lo, hi) = OWN_LIBRARY.get().copied().unwrap_or((0, 0));
+    let (mut n, mut own) = (0, 0);
+    for i in from..to {
+        // SAFETY: as in `samples`.
+        let w = unsafe { (*buf.add(i as usize)).load(Ordering::Relaxed) };
+        if w == 0 {
+            // A slot being written: skipped, as the report skips it.
+            continue;
+        }
+        let s = decode(w);
+        n += 1;
+        if s.in_hook || (lo..hi).contains(&s.pc) {
+            own += 1;
+        }
+    }
+    (to, n, own)
+}
+
+/// [`own_library`]'s range, once looked up.
+static OWN_LIBRARY: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+
 /// The address range of fastinst's own code when it is a library of its
 /// own (`libfastinst.so`), for leaving the profiler's time out; empty when
 /// it is linked into the program (its functions then show by name).
 pub(crate) fn own_library() -> (u64, u64) {
-    static RANGE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    *RANGE.get_or_init(|| {
+    *OWN_LIBRARY.get_or_init(|| {
         // SAFETY: Dl_info is plain pointers, for which all zeroes is valid.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr reads the address and fills `info`.

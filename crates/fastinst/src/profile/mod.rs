@@ -34,6 +34,7 @@
 //! its epoch allocates nothing and never parks. Pairing, call paths and
 //! their limits are in `thread`.
 
+mod budget;
 mod choose;
 mod counts;
 mod cpusample;
@@ -55,6 +56,7 @@ mod sampler;
 mod schedule;
 mod settings;
 mod signalcost;
+mod slowing;
 mod spread;
 mod state;
 mod store;
@@ -429,6 +431,8 @@ pub(crate) fn fork_child() {
         schedule::idle(&mut s, crate::clock::period().0);
         let start = s.exposure.advance(p);
         (s.epoch_x, s.epoch_cpu) = (start.x(), start.cpu);
+        s.slowing = slowing::Slowing::starting_at(cpusample::next_slot());
+        s.budget = budget::Budget::default();
     }
     *p.start.lock() = (now, Instant::now());
     // Functions between windows, or past a whole count's overflow, in the

@@ -259,6 +259,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             spread.insert(fi, (sd, exact));
         }
     }
+    let timing_scale = held.budget.mean();
     drop(held);
     // Durations with the censored calls weighed in (`survival`), and how
     // much that raises each function's mean.
@@ -456,6 +457,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             changed: p.live.changes(),
             cpu_samples: p.settings.cpu_samples,
             drawn: true,
+            timing_scale,
         },
         overhead: Overhead {
             probes: crate::registry::count(),

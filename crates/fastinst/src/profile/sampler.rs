@@ -57,9 +57,10 @@ pub(super) const BATCH: usize = 1024;
 /// One tick of the sampler: the epoch that was running ends now, and the
 /// next, of about `len` ticks, begins.
 ///
-/// Its windows that are still open close now and every windowed function
-/// folds the epoch ([`window`]); one whose rate now predicts few calls an
-/// epoch goes back to being counted whole. Every function counted whole
+/// Every windowed function folds the windows that closed in the epoch
+/// ([`window`]; those still open run on into the next,
+/// [`schedule::turn`]); one whose rate now predicts few calls an epoch
+/// goes back to being counted whole. Every function counted whole
 /// that was called folds its count, and goes windowed if the epoch held
 /// many calls; otherwise its probes stay on, and the chance that each of
 /// its calls is timed is set from the epoch's count. Then the next epoch's
@@ -73,7 +74,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     let tpn = ticks_per_ns(p);
     let mut s = p.schedule.hold();
     s.exposure.set_rate(tpn);
-    schedule::finish(p, &mut s);
+    schedule::turn(&mut s);
     let x = s.exposure.advance(p);
     let (now, x_now) = (x.at, x.x());
     let epoch_x = s.epoch_x;
@@ -84,8 +85,16 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     // hooks slowed them, and judged by its wall count every function of a
     // program of many short ones stayed whole, every call hooked and
     // timed, which slowed it further (20,000 functions of a few ns each ran
-    // at a fiftieth of their speed).
-    let stretch = window::stretch(x.cpu - s.epoch_cpu, p_epoch);
+    // at a fiftieth of their speed). The hooks' charges see part of the
+    // slowing, the CPU samples all of it (`super::slowing`): the larger.
+    let cpu_epoch = x.cpu - s.epoch_cpu;
+    let (cursor, samples, profiler) = super::cpusample::tally_since(s.slowing.cursor());
+    let sampled = s.slowing.fold(cursor, samples, profiler);
+    let stretch = window::stretch(cpu_epoch, p_epoch).max(sampled.map_or(1.0, |t| t.stretch));
+    // The timed calls' scale for the next epoch (`super::budget`): from
+    // the samples' share of profiler time, else the hooks' charged share.
+    let charged = (cpu_epoch > 0.0).then(|| ((cpu_epoch - p_epoch) / cpu_epoch).clamp(0.0, 1.0));
+    let scale = s.budget.end_epoch(sampled.map(|t| t.share).or(charged));
     s.fold(p, x_now);
     let mut k = 0;
     while k < s.windowed.len() {
@@ -95,9 +104,11 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
             continue;
         };
         // SAFETY: the schedule's lock is held.
-        let e = unsafe { f.window.estimate_mut() };
-        if e.slow_rate() * p_epoch * stretch < window::WHOLE_BELOW {
-            e.go_whole(x_now);
+        let quiet = unsafe { f.window.estimate_mut() }.slow_rate() * p_epoch * stretch < window::WHOLE_BELOW;
+        if quiet {
+            schedule::drop_window(p, &mut s, fi);
+            // SAFETY: the schedule's lock is held.
+            unsafe { f.window.estimate_mut() }.go_whole(x_now);
             p.open_counts(fi);
             f.window.set_kind(Kind::Whole);
             s.windowed.swap_remove(k);
@@ -145,7 +156,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 s.windowed.push(i);
                 continue;
             }
-            let chance = choose::shift_for(n as f64, f64::from(p.live.samples()) * f.timed.spread.boost());
+            let chance = choose::shift_for(n as f64, f64::from(p.live.samples()) * f.timed.spread.boost() * scale);
             toggles += rearm(p, f, raw, chance);
         }
     }
