@@ -213,9 +213,7 @@ impl Schedule {
 /// Epoch `epoch` has no windows (yet, or in a forked child, any more).
 pub(crate) fn idle(s: &mut Inner, epoch: u32) {
     s.epoch = epoch;
-    s.planned = false;
-    s.queue.clear();
-    s.next = 0;
+    turn(s);
     s.open.clear();
 }
 
@@ -488,8 +486,7 @@ fn close_marked(p: &State, s: &mut Inner, end: Reading) {
 /// until their windows.
 pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn: f64, rng: &mut u64) {
     s.epoch = epoch;
-    s.queue.clear();
-    s.next = 0;
+    turn(s);
     s.planned = true;
     let threads = p
         .stores()
@@ -509,7 +506,7 @@ pub(crate) fn plan(p: &State, s: &mut Inner, epoch: u32, now: u64, len: u64, tpn
             let hooks = hooks_per_call(f);
             let more = (TARGET / e.mean_calls().max(1.0)).clamp(1.0, MORE_MAX) * counting_boost(hooks);
             s.order.push((fi, e.sizing_rate(), more, e.mean_calls(), hooks));
-            if s.open.iter().any(|w| w.fi == fi) {
+            if f.window.is_open() {
                 // A window run on from the last epoch: on until it closes.
                 continue;
             }
@@ -592,23 +589,21 @@ pub(crate) fn turn(s: &mut Inner) {
 /// count is lost, its probes stay as they are (a function going back to
 /// being counted whole, whose probes its rearming switches on).
 pub(crate) fn drop_window(p: &State, s: &mut Inner, fi: u32) {
-    let Some(k) = s.open.iter().position(|w| w.fi == fi) else {
+    let Some(f) = p.funcs.get(fi).filter(|f| f.window.is_open()) else {
         return;
     };
-    s.open.swap_remove(k);
-    if let Some(f) = p.funcs.get(fi) {
-        f.window.set_open(false);
-        f.disarm_counters();
+    if let Some(k) = s.open.iter().position(|w| w.fi == fi) {
+        s.open.swap_remove(k);
     }
+    f.window.set_open(false);
+    f.disarm_counters();
 }
 
 /// Ends the run's windows: open windows close now and the rest of the
 /// queue is dropped.
 pub(crate) fn finish(p: &State, s: &mut Inner) {
     close_all(p, s);
-    s.queue.clear();
-    s.next = 0;
-    s.planned = false;
+    turn(s);
 }
 
 impl Inner {

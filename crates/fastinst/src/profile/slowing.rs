@@ -60,7 +60,9 @@ impl Slowing {
         self.profiler = self.profiler * keep + profiler as f64;
         (self.samples >= MIN_SAMPLES).then(|| Tally {
             share: self.profiler / self.samples,
-            stretch: stretch(self.samples, self.profiler),
+            // The program's part counts as at least one sample: a tally
+            // all in the profiler reads as long as its samples.
+            stretch: super::window::stretch(self.samples, self.samples - self.profiler),
         })
     }
 }
@@ -71,18 +73,8 @@ pub(crate) struct Tally {
     /// The profiler's share of the threads' CPU time.
     pub share: f64,
     /// How many times as long as its own the program's CPU time ran
-    /// ([`stretch`]).
+    /// ([`super::window::stretch`] of the samples over the program's).
     pub stretch: f64,
-}
-
-/// How many times as long the threads' CPU time was as the program's own
-/// part of it, from `samples` of it of which `profiler` were the
-/// profiler's: at least 1, at most [`super::window::MAX_STRETCH`]. The
-/// program's part counts as at least one sample, so a tally all in the
-/// profiler reads as long as its samples.
-pub fn stretch(samples: f64, profiler: f64) -> f64 {
-    let own = (samples - profiler).max(1.0);
-    (samples / own).clamp(1.0, super::window::MAX_STRETCH)
 }
 
 #[cfg(test)]
@@ -91,11 +83,12 @@ mod tests {
 
     #[test]
     fn the_samples_split_reads_as_the_slowing() {
-        assert_eq!(stretch(100.0, 0.0), 1.0, "no profiler time");
-        assert_eq!(stretch(100.0, 50.0), 2.0, "half the time the profiler's");
-        assert_eq!(stretch(100.0, 98.0), 50.0, "a fiftieth the program's");
-        assert_eq!(stretch(100.0, 100.0), 100.0, "all: as many as the samples");
-        assert_eq!(stretch(0.0, 0.0), 1.0, "none");
+        let read = |samples: u64, profiler: u64| Slowing::default().fold(samples, samples, profiler).map(|t| t.stretch);
+        assert_eq!(read(100, 0), Some(1.0), "no profiler time");
+        assert_eq!(read(100, 50), Some(2.0), "half the time the profiler's");
+        assert_eq!(read(100, 98), Some(50.0), "a fiftieth the program's");
+        assert_eq!(read(100, 100), Some(100.0), "all: as many as the samples");
+        assert_eq!(read(0, 0), None, "none");
     }
 
     #[test]
