@@ -693,16 +693,20 @@ impl Session {
             // calls switched off, rewritten argument loads): a thread
             // stopped inside such a run, between two instructions the
             // runtime wrote, is stepped out of it first.
-            let runs = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
-            for r in &runs {
-                let end = r.addr + r.file.len() as u64;
-                for (tid, pc) in all.pcs() {
-                    if pc > r.addr && pc < end {
-                        all.step_out(tid, r.addr, end)?;
-                    }
+            let mut runs = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
+            runs.sort_by_key(|r| r.addr);
+            // Each thread's place read once, not once a run (thousands of
+            // runs in a `-finstrument-functions` build, each read a
+            // system call a thread while all stand stopped).
+            for (tid, mut pc) in all.pcs() {
+                for _ in 0..4 {
+                    let Some(r) = code::strictly_inside(&runs, pc) else {
+                        break;
+                    };
+                    pc = all.step_out(tid, r.addr, r.addr + r.file.len() as u64)?;
                 }
-                mem.write(r.addr, &r.file)?;
             }
+            code::write_back(&mem, &runs)?;
             all.release();
             let all_stopped = t0.elapsed();
             // Checked with the threads running: nothing writes this code

@@ -50,6 +50,14 @@ impl Mem {
     /// runtime aliased for W^X is written through its alias.
     pub fn write(&self, addr: u64, bytes: &[u8]) -> Result<()> {
         let what = || format!("writing {} bytes at {addr:#x} of process {}", bytes.len(), self.pid);
+        // Code already seen aliased goes to its alias at once (an alias
+        // stays for the life of the process): refused first, each write
+        // was two system calls, thousands of them while a detach holds
+        // every thread stopped.
+        let known = crate::maps::alias_of(&self.maps.lock().unwrap_or_else(|e| e.into_inner()), addr);
+        if let Some(alias) = known {
+            return self.file.write_all_at(bytes, alias).map_err(AttachError::io(what()));
+        }
         match self.file.write_all_at(bytes, addr) {
             // The kernel refuses writes to shared mappings without write
             // permission with EIO: aliased code, or memory that is not

@@ -190,14 +190,14 @@ impl Stopped {
     }
 
     /// Single-steps `tid` until its instruction pointer leaves
-    /// `(lo, hi)` (at most 16 steps).
-    pub fn step_out(&mut self, tid: Pid, lo: u64, hi: u64) -> Result<()> {
+    /// `(lo, hi)` (at most 16 steps); returns where it is then.
+    pub fn step_out(&mut self, tid: Pid, lo: u64, hi: u64) -> Result<u64> {
         for _ in 0..16 {
             let rip = ptrace::getregs(tid)
                 .map_err(|e| AttachError::Other(format!("thread {tid}: {e}")))?
                 .rip;
             if rip <= lo || rip >= hi {
-                return Ok(());
+                return Ok(rip);
             }
             ptrace::step(tid, None).map_err(|e| AttachError::Other(format!("single-step of {tid}: {e}")))?;
             if wait_stop(tid, Duration::from_secs(1))?.is_none() {

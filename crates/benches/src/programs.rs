@@ -463,6 +463,30 @@ pub fn build_all(
     programs: &[Program],
     compilers: &[Compiler],
 ) -> Result<Vec<Binary>> {
+    build(work, sources, programs, compilers, &[false, true])
+}
+
+/// [`build_all`]'s instrumented binaries alone, for what needs no plain
+/// build (attaching to the instrumented one, whose unattached run is the
+/// reference).
+pub fn build_instrumented(
+    work: &Path,
+    sources: &HashMap<String, PathBuf>,
+    programs: &[Program],
+    compilers: &[Compiler],
+) -> Result<Vec<Binary>> {
+    build(work, sources, programs, compilers, &[true])
+}
+
+/// The binaries of `programs` × `compilers` × `kinds` (instrumented or
+/// not), two compilations at a time.
+fn build(
+    work: &Path,
+    sources: &HashMap<String, PathBuf>,
+    programs: &[Program],
+    compilers: &[Compiler],
+    kinds: &[bool],
+) -> Result<Vec<Binary>> {
     let bin = work.join("bin");
     std::fs::create_dir_all(&bin).map_err(EvalError::io(&bin))?;
     let mut jobs = Vec::new();
@@ -470,7 +494,7 @@ pub fn build_all(
         let none = PathBuf::new();
         let root = sources.get(program.crate_name()).unwrap_or(&none);
         for &compiler in compilers {
-            for instrumented in [false, true] {
+            for &instrumented in kinds {
                 // Plain builds depend on the compiler only.
                 let path = bin.join(if instrumented {
                     format!("{}-{}-inst", program.name(), compiler.name())

@@ -41,14 +41,6 @@ fn finish(mut c: Child) -> (String, Option<i32>) {
     (out, c.wait().unwrap().code())
 }
 
-/// Waits for `c` and returns its stdout, its stderr and its exit status.
-fn finish_with_stderr(mut c: Child) -> (String, String, Option<i32>) {
-    let (mut out, mut err) = (String::new(), String::new());
-    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    (out, err, c.wait().unwrap().code())
-}
-
 /// `fastinst attach --duration SECS --out OUT PID`, run from `dir`:
 /// whether it succeeded, and what it said on stderr.
 fn attach_for(pid: u32, secs: &str, out: &Path, dir: &Path) -> (bool, String) {
@@ -166,13 +158,12 @@ fn attach_profile_detach(cc: &str, flag: &str) {
         );
     }
     // Nothing of the profiler keeps firing: its CPU sample events closed.
-    let events = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("perf_event")))
-        .count();
-    assert_eq!(events, 0, "perf events left open after the detach");
-    let (got, log, rc) = finish_with_stderr(child);
+    assert_eq!(
+        testkit::process::perf_events_open(pid),
+        0,
+        "perf events left open after the detach"
+    );
+    let (got, log, rc) = testkit::process::finish(child);
     assert_eq!(got, want, "the program's output changed");
     assert_eq!(rc, want_rc);
     // Both hook paths calibrated inside the attached process cost about

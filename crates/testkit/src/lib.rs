@@ -1,7 +1,8 @@
 //! Test support shared by the workspace's tests (a dev-dependency only): a
 //! child process run under a time limit, a seeded random generator
 //! ([`Rng`]), a crate's module graph ([`modgraph`]), a counting
-//! allocator ([`alloc`]) and generated C programs ([`programs`]).
+//! allocator ([`alloc`]), generated C programs ([`programs`]) and a
+//! running program seen from outside ([`process`]).
 //!
 //! Every test that starts a program (a C test program, the `fastinst`
 //! command, the calibration or stress binaries) runs it through
@@ -12,6 +13,7 @@
 
 pub mod alloc;
 pub mod modgraph;
+pub mod process;
 pub mod programs;
 mod rng;
 pub use rng::Rng;
