@@ -13,7 +13,6 @@ use crate::error::{AttachError, Result};
 use crate::files::Files;
 use crate::maps::Module;
 use crate::sleds::load_bias;
-use goblin::elf::Elf;
 
 /// The hook functions a `-finstrument-functions` build calls.
 pub const HOOKS: [&str; 2] = ["__cyg_profile_func_enter", "__cyg_profile_func_exit"];
@@ -33,7 +32,7 @@ pub struct Slot {
 /// The hook slots of the ELF file `bytes`, mapped with its offset 0 at
 /// `base`.
 pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Slot>> {
-    let elf = Elf::parse(bytes).map_err(|e| AttachError::Other(format!("ELF: {e}")))?;
+    let elf = crate::headers::parse(bytes).map_err(|e| AttachError::Other(format!("ELF: {e}")))?;
     let Some(bias) = load_bias(&elf, base) else {
         return Ok(Vec::new());
     };

@@ -59,7 +59,7 @@ pub fn regions(maps: &[Mapping], modules: &[Module], files: &mut Files) -> Vec<R
         };
         let usable = *textrel
             .entry(m.path.as_str())
-            .or_insert_with(|| Elf::parse(bytes).is_ok_and(|e| !has_textrel(&e)));
+            .or_insert_with(|| crate::headers::parse(bytes).is_ok_and(|e| !has_textrel(&e)));
         if usable {
             let start = (m.offset as usize).min(bytes.len());
             let end = (m.offset as usize + (m.end - m.start) as usize).min(bytes.len());

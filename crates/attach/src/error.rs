@@ -50,6 +50,10 @@ pub enum AttachError {
     /// Nothing to probe.
     #[error("process {0} has no probe sites: build it with -fpatchable-function-entry=5 or -finstrument-functions (see docs/attach.md)")]
     NoSites(i32),
+    /// The runtime library's file is named otherwise: the attach finds it
+    /// in the process (loaded already, or just now) by its name.
+    #[error("{0}: the runtime library's file must be named libfastinst.so (the attach finds it in the process by that name); copy or link it under that name")]
+    LibraryName(std::path::PathBuf),
     /// The process ended.
     #[error("process {0} exited during the attach")]
     Exited(i32),

@@ -33,6 +33,7 @@ pub mod bindings;
 pub mod code;
 pub mod error;
 pub mod files;
+pub mod headers;
 pub mod maps;
 pub mod mem;
 pub mod remote;
@@ -241,6 +242,9 @@ fn safe_to_borrow(regs: &libc::user_regs_struct, maps: &[maps::Mapping]) -> bool
 /// Attaches the runtime to process `pid`.
 pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     let began = Instant::now();
+    if opts.library.file_name().is_none_or(|n| n != LIBRARY_NAME) {
+        return Err(AttachError::LibraryName(opts.library.clone()));
+    }
     let (owner, tracer) = owner_and_tracer(pid)?;
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
@@ -790,12 +794,27 @@ mod tests {
         let e = attach(
             4_194_304 + 7,
             &Options {
-                library: "/nonexistent".into(),
+                library: "/nonexistent/libfastinst.so".into(),
                 settings: vec![],
             },
         )
         .unwrap_err();
         assert!(matches!(e, AttachError::NoProcess(_)), "{e}");
+    }
+
+    #[test]
+    fn a_library_named_otherwise_is_refused_before_the_process_is_touched() {
+        // This very process: refused for the name, never looked at.
+        let e = attach(
+            std::process::id() as i32,
+            &Options {
+                library: "/opt/fastinst/libfastinst-1.so".into(),
+                settings: vec![],
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, AttachError::LibraryName(_)), "{e}");
+        assert!(e.to_string().contains("must be named libfastinst.so"), "{e}");
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub fn load_bias(elf: &Elf, base: u64) -> Option<u64> {
 /// The sites of the ELF file `bytes` mapped with its offset 0 at `base`.
 pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Site>> {
     let bad = |e: &dyn std::fmt::Display| AttachError::Other(format!("ELF: {e}"));
-    let elf = Elf::parse(bytes).map_err(|e| bad(&e))?;
+    let elf = crate::headers::parse(bytes).map_err(|e| bad(&e))?;
     let loads: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).collect();
     let Some(bias) = load_bias(&elf, base) else {
         return Ok(Vec::new());
