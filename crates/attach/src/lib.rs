@@ -660,6 +660,9 @@ impl Session {
             }
         };
         let mem = Mem::open(self.pid)?;
+        // Made before any thread stops: tens of thousands of sites.
+        let originals: std::collections::HashMap<u64, [u8; providers::patchable::SLED_LEN]> =
+            self.sites.iter().map(|s| (s.addr, s.original)).collect();
         let mut tries = 0;
         loop {
             tries += 1;
@@ -686,8 +689,6 @@ impl Session {
             // Every site: the runtime's off bytes are a 5-byte NOP of its
             // own, and clang's differ from it. Both forms are one
             // instruction, so no stopped thread can be inside either.
-            let originals: std::collections::HashMap<u64, [u8; providers::patchable::SLED_LEN]> =
-                self.sites.iter().map(|s| (s.addr, s.original)).collect();
             let back: Vec<_> = sleds::differing(&mem, &self.sites)?
                 .into_iter()
                 .map(|(addr, _)| (addr, originals[&addr]))
