@@ -116,30 +116,6 @@ fn runs(base: u64, want: &[u8], now: &[u8]) -> Vec<Run> {
     out
 }
 
-/// The longest stretch one [`write_back`] write spans: a write makes a
-/// private copy of every page it touches, so a stretch starts and ends
-/// with a run (two pages at most, each holding a run of its own, already
-/// copied by the runtime's own write there).
-const WRITE_SPAN: u64 = 4096;
-
-/// `runs` (sorted by address) cut into stretches of at most [`WRITE_SPAN`]
-/// bytes, each from a run's first byte to a later one's last: `(start,
-/// end, first index, one past the last)`.
-fn stretches(runs: &[Run]) -> Vec<(u64, u64, usize, usize)> {
-    let mut out: Vec<(u64, u64, usize, usize)> = Vec::new();
-    for (i, r) in runs.iter().enumerate() {
-        let end = r.addr + r.file.len() as u64;
-        match out.last_mut() {
-            Some(last) if end - last.0 <= WRITE_SPAN => {
-                last.1 = last.1.max(end);
-                last.3 = i + 1;
-            }
-            _ => out.push((r.addr, end, i, i + 1)),
-        }
-    }
-    out
-}
-
 /// The run of `runs` (sorted by address) that `pc` lies strictly inside:
 /// past its first byte and before its end, between two of the
 /// instructions it holds, where the file's bytes would cut one in two.
@@ -149,25 +125,11 @@ pub fn strictly_inside(runs: &[Run], pc: u64) -> Option<&Run> {
     (pc < r.addr + r.file.len() as u64).then_some(r)
 }
 
-/// Writes every run's file bytes back, with every thread stopped: one
-/// read and one write a stretch of nearby runs, not one write a run (a
-/// `-finstrument-functions` build's hook calls are hundreds to thousands
-/// of runs, and each write is a system call or two while the program
-/// stands stopped). The bytes between the runs of a stretch are written
-/// as they were read. `runs` are sorted by address.
+/// Writes every run's file bytes back (`runs` sorted by address), with
+/// every thread stopped, nearby runs together ([`Mem::write_each`]).
 pub fn write_back(mem: &Mem, runs: &[Run]) -> Result<()> {
-    debug_assert!(runs.is_sorted_by_key(|r| r.addr));
-    let mut buf = Vec::new();
-    for (start, end, i, j) in stretches(runs) {
-        buf.resize((end - start) as usize, 0);
-        mem.read(start, &mut buf)?;
-        for r in &runs[i..j] {
-            let o = (r.addr - start) as usize;
-            buf[o..o + r.file.len()].copy_from_slice(&r.file);
-        }
-        mem.write(start, &buf)?;
-    }
-    Ok(())
+    let writes: Vec<(u64, &[u8])> = runs.iter().map(|r| (r.addr, &r.file[..])).collect();
+    mem.write_each(&writes)
 }
 
 /// The runs of `now` that were not there, as they were, at the attach
@@ -213,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn stretches_join_nearby_runs_within_a_page_span() {
+    fn a_place_strictly_inside_a_run_is_found() {
         let run = |addr: u64, len: usize| Run {
             addr,
             file: vec![0; len],
@@ -226,11 +188,6 @@ mod tests {
             run(0x2001, 5),
             run(0x9000, 1),
         ];
-        assert_eq!(
-            stretches(&runs),
-            vec![(0x1000, 0x2000, 0, 3), (0x2001, 0x2006, 3, 4), (0x9000, 0x9001, 4, 5)]
-        );
-        assert!(stretches(&[]).is_empty());
         let inside = |pc| strictly_inside(&runs, pc).map(|r| r.addr);
         assert_eq!(inside(0x1000), None, "a run's first byte is an instruction's");
         assert_eq!(inside(0x1004), Some(0x1000));

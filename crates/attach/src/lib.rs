@@ -660,9 +660,6 @@ impl Session {
             }
         };
         let mem = Mem::open(self.pid)?;
-        // Made before any thread stops: tens of thousands of sites.
-        let originals: std::collections::HashMap<u64, [u8; providers::patchable::SLED_LEN]> =
-            self.sites.iter().map(|s| (s.addr, s.original)).collect();
         let mut tries = 0;
         loop {
             tries += 1;
@@ -691,7 +688,7 @@ impl Session {
             // instruction, so no stopped thread can be inside either.
             let back: Vec<_> = sleds::differing(&mem, &self.sites)?
                 .into_iter()
-                .map(|(addr, _)| (addr, originals[&addr]))
+                .map(|(site, _)| (site.addr, site.original))
                 .collect();
             sleds::write_all(&mem, &back)?;
             // Then every other byte of code the runtime changed (hook
@@ -726,10 +723,11 @@ impl Session {
                 mem.read(slot.addr, &mut now)?;
                 wrong_slots += usize::from(u64::from_le_bytes(now) != *was);
             }
-            if let Some((addr, found)) = wrong.first() {
+            if let Some((site, found)) = wrong.first() {
                 return Err(AttachError::Other(format!(
-                    "{} sites differ from their files after the detach, the first at {addr:#x}: {found:02x?}",
-                    wrong.len()
+                    "{} sites differ from their files after the detach, the first at {:#x}: {found:02x?}",
+                    wrong.len(),
+                    site.addr
                 )));
             }
             if let Some(r) = wrong_code.first() {

@@ -80,6 +80,29 @@ impl Mem {
         Ok(crate::maps::alias_of(&maps, addr))
     }
 
+    /// Writes each `(address, bytes)` (sorted by address, not
+    /// overlapping) a stretch of nearby ones at a time ([`stretches`],
+    /// [`WRITE_SPAN`]): read, changed and written back whole. One read and
+    /// one write a stretch, not one write each: a detach puts back
+    /// thousands of sites or hook calls while every thread stands stopped,
+    /// and each write is a system call or two. Every thread of the process
+    /// must be stopped, so that no byte between them changes meanwhile.
+    pub fn write_each(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        debug_assert!(writes.is_sorted_by_key(|w| w.0));
+        let mut buf = Vec::new();
+        let ranges = writes.iter().map(|(a, b)| (*a, b.len() as u64));
+        for (start, end, i, j) in stretches(ranges, WRITE_SPAN) {
+            buf.resize((end - start) as usize, 0);
+            self.read(start, &mut buf)?;
+            for (addr, bytes) in &writes[i..j] {
+                let o = (addr - start) as usize;
+                buf[o..o + bytes.len()].copy_from_slice(bytes);
+            }
+            self.write(start, &buf)?;
+        }
+        Ok(())
+    }
+
     /// Reads a NUL-terminated string at `addr` (at most 4 KiB).
     pub fn c_string(&self, addr: u64) -> Result<String> {
         let mut out = Vec::new();
@@ -95,5 +118,51 @@ impl Mem {
             }
         }
         Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+/// The longest stretch one write of [`Mem::write_each`] spans: a write
+/// makes a private copy of every page it touches, so a stretch starts and
+/// ends with a write of its own (two pages at most, each holding one,
+/// copied already by the runtime's own write there).
+pub const WRITE_SPAN: u64 = 4096;
+
+/// Ranges `(address, length)` (sorted by address, not overlapping) cut
+/// into stretches of at most `span` bytes, each from a range's first byte
+/// to a later one's last: `(start, end, first index, one past the last)`.
+pub fn stretches(ranges: impl IntoIterator<Item = (u64, u64)>, span: u64) -> Vec<(u64, u64, usize, usize)> {
+    let mut out: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (i, (a, len)) in ranges.into_iter().enumerate() {
+        let end = a + len;
+        match out.last_mut() {
+            Some(last) if end - last.0 <= span => {
+                last.1 = last.1.max(end);
+                last.3 = i + 1;
+            }
+            _ => out.push((a, end, i, i + 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stretches_join_near_ranges_within_their_span() {
+        let sleds = [0x1000, 0x1010, 0x1ff0, 0x2000, 0x9000].map(|a| (a, 5));
+        assert_eq!(
+            stretches(sleds, 4096),
+            vec![(0x1000, 0x1ff5, 0, 3), (0x2000, 0x2005, 3, 4), (0x9000, 0x9005, 4, 5)]
+        );
+        assert_eq!(stretches(sleds, 64 << 10), vec![(0x1000, 0x9005, 0, 5)]);
+        assert!(stretches([], 4096).is_empty());
+        // Ranges of their own lengths: a stretch ends at its last one's end.
+        let runs = [(0x1000, 5), (0x1010, 2), (0x1ff0, 16), (0x2001, 5), (0x9000, 1)];
+        assert_eq!(
+            stretches(runs, 4096),
+            vec![(0x1000, 0x2000, 0, 3), (0x2001, 0x2006, 3, 4), (0x9000, 0x9001, 4, 5)]
+        );
     }
 }

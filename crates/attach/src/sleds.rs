@@ -99,47 +99,25 @@ pub fn of_modules(modules: &[Module], files: &mut Files) -> Result<Vec<Site>> {
 
 /// The longest stretch of memory one read spans.
 const READ_SPAN: u64 = 64 << 10;
-/// The longest stretch one write spans: a write makes a private copy of
-/// every page it touches, so it starts and ends at a site (two pages at
-/// most, each with a site of its own).
-const WRITE_SPAN: u64 = 4096;
 
-/// `addrs` (sorted) cut into stretches of at most `span` bytes, each from
-/// an address to the end of a later one's `SLED_LEN` bytes: `(start, end,
-/// first index, one past the last)`.
-fn stretches(addrs: &[u64], span: u64) -> Vec<(u64, u64, usize, usize)> {
-    let mut out: Vec<(u64, u64, usize, usize)> = Vec::new();
-    for (i, &a) in addrs.iter().enumerate() {
-        let end = a + SLED_LEN as u64;
-        match out.last_mut() {
-            Some(last) if end - last.0 <= span => {
-                last.1 = last.1.max(end);
-                last.3 = i + 1;
-            }
-            _ => out.push((a, end, i, i + 1)),
-        }
-    }
-    out
-}
-
-/// The sites whose bytes in the process are not their file's, with what
-/// was found.
-pub fn differing(mem: &Mem, sites: &[Site]) -> Result<Vec<(u64, [u8; SLED_LEN])>> {
+/// The sites whose bytes in the process are not their file's (each with
+/// its address and file bytes), with what was found.
+pub fn differing<'s>(mem: &Mem, sites: &'s [Site]) -> Result<Vec<(&'s Site, [u8; SLED_LEN])>> {
     let mut sorted: Vec<&Site> = sites.iter().collect();
     sorted.sort_by_key(|s| s.addr);
-    let addrs: Vec<u64> = sorted.iter().map(|s| s.addr).collect();
     let mut out = Vec::new();
     let mut buf = Vec::new();
     // One read a stretch, not one a site: with every thread stopped, 20,000
     // reads of five bytes took most of a detach's stop.
-    for (start, end, i, j) in stretches(&addrs, READ_SPAN) {
+    let ranges = sorted.iter().map(|s| (s.addr, SLED_LEN as u64));
+    for (start, end, i, j) in crate::mem::stretches(ranges, READ_SPAN) {
         buf.resize((end - start) as usize, 0);
         mem.read(start, &mut buf)?;
         for s in &sorted[i..j] {
             let o = (s.addr - start) as usize;
             let b: [u8; SLED_LEN] = buf[o..o + SLED_LEN].try_into().expect("SLED_LEN bytes");
             if b != s.original {
-                out.push((s.addr, b));
+                out.push((*s, b));
             }
         }
     }
@@ -151,20 +129,9 @@ pub fn differing(mem: &Mem, sites: &[Site]) -> Result<Vec<(u64, [u8; SLED_LEN])>
 /// thread of the process must be stopped, so that no byte between the sites
 /// changes meanwhile.
 pub fn write_all(mem: &Mem, writes: &[(u64, [u8; SLED_LEN])]) -> Result<()> {
-    let mut sorted: Vec<&(u64, [u8; SLED_LEN])> = writes.iter().collect();
+    let mut sorted: Vec<(u64, &[u8])> = writes.iter().map(|(a, b)| (*a, &b[..])).collect();
     sorted.sort_by_key(|w| w.0);
-    let addrs: Vec<u64> = sorted.iter().map(|w| w.0).collect();
-    let mut buf = Vec::new();
-    for (start, end, i, j) in stretches(&addrs, WRITE_SPAN) {
-        buf.resize((end - start) as usize, 0);
-        mem.read(start, &mut buf)?;
-        for (addr, bytes) in &sorted[i..j] {
-            let o = (addr - start) as usize;
-            buf[o..o + SLED_LEN].copy_from_slice(bytes);
-        }
-        mem.write(start, &buf)?;
-    }
-    Ok(())
+    mem.write_each(&sorted)
 }
 
 #[cfg(test)]
@@ -182,18 +149,6 @@ mod tests {
             original: [0x0f, 0x1f, 0x44, 0x00, 0x08],
         };
         assert!(gcc.needs_normalising() && !clang.needs_normalising());
-    }
-
-    /// This test binary has no sleds (cargo does not build with them).
-    #[test]
-    fn stretches_join_near_sites_within_their_span() {
-        let a = [0x1000, 0x1010, 0x1ff0, 0x2000, 0x9000];
-        assert_eq!(
-            stretches(&a, 4096),
-            vec![(0x1000, 0x1ff5, 0, 3), (0x2000, 0x2005, 3, 4), (0x9000, 0x9005, 4, 5)]
-        );
-        assert_eq!(stretches(&a, 64 << 10), vec![(0x1000, 0x9005, 0, 5)]);
-        assert!(stretches(&[], 4096).is_empty());
     }
 
     #[test]
