@@ -183,7 +183,7 @@ fn check(plan: &Plan, seconds_given: bool) -> ExitCode {
             let spec = TrialSpec {
                 strategy,
                 form: callpatch::Form::CallRel32,
-                split,
+                place: stress::Place::of_split(split),
                 executors,
                 fetch: stress::Fetch::Warm,
                 max_toggles: plan.toggles,

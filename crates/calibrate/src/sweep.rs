@@ -100,7 +100,7 @@ pub fn run_cell(wait: u64, split: usize, executors: usize, trials: u64, toggles:
     let spec = TrialSpec {
         strategy: Method::WordSync(Wait::Tmax(wait)),
         form: Form::CallRel32,
-        split,
+        place: stress::Place::of_split(split),
         executors,
         fetch: Fetch::Warm,
         max_toggles: toggles,

@@ -277,9 +277,10 @@ fn a_site_written_behind_the_runtimes_back_answers_epatch() {
 }
 
 /// A crash in a program whose code the runtime patched still kills it by
-/// SIGSEGV (the runtime's fault handler raises it again), and the handler
-/// says where: a signal raised again is not logged by the kernel as a
-/// fault is.
+/// SIGSEGV (the runtime's fault handler raises it again), or by SIGILL for
+/// an illegal instruction, and the handler says where, with the code
+/// there: a signal raised again is not logged by the kernel as a fault
+/// is, and the kernel logs no illegal instruction at all.
 #[test]
 fn a_crash_is_fatal_as_before_and_says_where() {
     use std::os::unix::process::ExitStatusExt;
@@ -295,6 +296,29 @@ fn a_crash_is_fatal_as_before_and_says_where() {
             err.contains("fastinst: fatal signal 11 at address 0x10, ip 0x"),
             "{cc}: {err}"
         );
+        // An illegal instruction, which the kernel reports nowhere: killed
+        // by SIGILL as before, with the bytes that ran (`ud2` at ip).
+        let o = run(&bin, &["ill"], &dir, true, &[("FASTINST_TOOL", "count")]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), Some(libc::SIGILL), "{cc}: {:?} {err}", o.status);
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "5000050000", "{cc}");
+        let report = err
+            .lines()
+            .find(|l| l.starts_with("fastinst: fatal signal 4 at address 0x"))
+            .unwrap_or_else(|| panic!("{cc}: no SIGILL report in {err}"));
+        let at_ip = report
+            .split_once(':')
+            .and_then(|(_, r)| r.split_once(':'))
+            .map(|(_, b)| b);
+        let ip = report.split(", ip ").nth(1).and_then(|r| r.split(',').next());
+        let back = report.split(" from ip-").nth(1).and_then(|r| r.split(':').next());
+        let (Some(bytes), Some(ip), Some(back)) = (at_ip, ip, back) else {
+            panic!("{cc}: {report}")
+        };
+        assert!(report.contains(&format!("at address {ip},")), "{cc}: {report}");
+        let back: usize = back.parse().expect("a count");
+        let bytes: Vec<&str> = bytes.split_whitespace().collect();
+        assert_eq!(bytes.get(back..back + 2), Some(&["0f", "0b"][..]), "{cc}: {report}");
     }
 }
 

@@ -58,10 +58,10 @@ fn signal_name(s: i32) -> String {
 pub fn run_config(spec: &TrialSpec, trials: u64, stop_at_failure: bool) -> ConfigResult {
     let mut r = ConfigResult {
         label: format!(
-            "{} {:?} split={} executors={} fetch={}{}",
+            "{} {:?} {} executors={} fetch={}{}",
             spec.strategy,
             spec.form,
-            spec.split,
+            spec.place,
             spec.executors,
             spec.fetch,
             if spec.wx { " wx" } else { "" }

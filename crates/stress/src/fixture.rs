@@ -1,4 +1,5 @@
-//! Generated code with a call site at a chosen cache-line split.
+//! Generated code with a call site at a chosen place in its cache line: a
+//! straddle split, or an offset inside one line.
 //!
 //! Layout inside a 64 MiB reservation that is `PROT_NONE` except for two
 //! small read-write-execute islands, both filled with INT3 (read+execute
@@ -34,12 +35,66 @@ pub const REL_A: i32 = 0x0102_050B;
 /// [`REL_A`] in every byte, and every mixture of the two lands in
 /// `PROT_NONE` or in INT3 filler.
 pub const REL_B: i32 = 0x0204_071C;
-/// Offset of the line whose end the site straddles.
+/// Offset of the line whose end the site straddles (or which holds it).
 const SITE_LINE_END: usize = 64 * 8;
 /// Offset of the pointer slot for `call [rip+disp32]`.
 const PTR_SLOT: usize = 0x800;
 /// The 5-byte NOP that wordpatch tests toggle the call with.
 pub use wordpatch::NOP5;
+
+/// Where a site lies against cache lines. A store inside one line is the
+/// paper's unit of atomicity, but instruction fetch reads a line in smaller
+/// blocks (16 or 32 bytes) and a locked store's window may cross an aligned
+/// quadword: a site inside a line is run at each such crossing too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// The first `n` bytes before a line's end (1 <= n < length): a
+    /// straddler.
+    Split(usize),
+    /// Inside one line, starting `n` bytes into it.
+    Inside(usize),
+}
+
+impl Place {
+    /// The offsets inside a line a stress run covers by default, for sites
+    /// of up to 6 bytes: inside an aligned quadword, then across a
+    /// quadword, a 16-byte and a 32-byte boundary.
+    pub const INSIDE: [usize; 4] = [8, 4, 12, 28];
+
+    /// A straddle split, or for 0 the site inside an aligned quadword.
+    pub fn of_split(split: usize) -> Place {
+        if split == 0 {
+            Place::Inside(Self::INSIDE[0])
+        } else {
+            Place::Split(split)
+        }
+    }
+
+    /// Bytes before the line's end where the site straddles, else 0.
+    pub fn split(self) -> usize {
+        match self {
+            Place::Split(n) => n,
+            Place::Inside(_) => 0,
+        }
+    }
+
+    /// The site's address for a line ending (or starting) at `line`.
+    fn site(self, line: usize) -> usize {
+        match self {
+            Place::Split(n) => line - n,
+            Place::Inside(n) => line + n,
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Split(n) => write!(f, "split={n}"),
+            Place::Inside(n) => write!(f, "split=0@{n}"),
+        }
+    }
+}
 
 /// One generated site and the code around it. Unmapped on drop.
 pub struct Fixture {
@@ -106,9 +161,20 @@ fn put(addr: usize, bytes: &[u8]) {
 
 impl Fixture {
     /// A site of `form` whose first `split` bytes lie before a line boundary
-    /// (0: not straddling), active.
+    /// (0: inside an aligned quadword), active.
     pub fn new(form: Form, split: usize) -> io::Result<Fixture> {
-        assert!(split < form.len(), "split {split} out of range for {form:?}");
+        Self::at(form, Place::of_split(split))
+    }
+
+    /// A site of `form` at `place`, active.
+    pub fn at(form: Form, place: Place) -> io::Result<Fixture> {
+        match place {
+            Place::Split(n) => assert!(0 < n && n < form.len(), "split {n} out of range for {form:?}"),
+            Place::Inside(n) => assert!(
+                n >= 2 && n + form.len() <= 64,
+                "offset {n} out of its line for {form:?}"
+            ),
+        }
         // SAFETY: a fresh anonymous PROT_NONE reservation, owned by the fixture.
         let p = unsafe {
             libc::mmap(
@@ -126,11 +192,7 @@ impl Fixture {
         let base = p as usize;
         let fx_guard = Unmap(base);
         rwx_island(base, 4096)?;
-        let site = if split == 0 {
-            base + SITE_LINE_END + 8
-        } else {
-            base + SITE_LINE_END - split
-        };
+        let site = place.site(base + SITE_LINE_END);
         let len = form.len();
         let a = (site + 5) as i64 + REL_A as i64;
         rwx_island(a as usize, 8)?;
@@ -223,6 +285,24 @@ mod tests {
                 assert_eq!(wordpatch::split(f.site as usize, form.len()), split);
                 assert_eq!((f.entry)(), 1, "{form:?} split {split}");
             }
+            for off in Place::INSIDE {
+                let f = Fixture::at(form, Place::Inside(off)).unwrap();
+                assert_eq!(f.site as usize % 64, off);
+                assert_eq!(wordpatch::split(f.site as usize, form.len()), 0);
+                assert_eq!((f.entry)(), 1, "{form:?} at {off}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_inside_places_cross_each_boundary_a_fetch_or_store_may_split_at() {
+        for len in [5, 6] {
+            let crosses = |off: usize, unit: usize| off / unit != (off + len - 1) / unit;
+            let [aligned, q, b16, b32] = Place::INSIDE;
+            assert!(!crosses(aligned, 8));
+            assert!(crosses(q, 8) && !crosses(q, 16));
+            assert!(crosses(b16, 16) && !crosses(b16, 32));
+            assert!(crosses(b32, 32));
         }
     }
 }

@@ -24,6 +24,6 @@ mod trial;
 pub use campaign::{run_config, ConfigResult, MIN_CORUN_RATIO, MIN_CORUN_TOGGLES};
 pub use crash::set_report_fd;
 pub use fetch::Fetch;
-pub use fixture::{Fixture, NOP5, REL_A};
+pub use fixture::{Fixture, Place, NOP5, REL_A};
 pub use method::{Method, Toggler};
 pub use trial::{run_forked, run_trial, Outcome, TrialSpec, TrialStats};

@@ -2,7 +2,7 @@
 //! it; and the same trial run in a forked child so that a crash is counted.
 
 use crate::fetch::Fetch;
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, Place};
 use crate::method::{Method, Toggler};
 use callpatch::Form;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,8 +16,8 @@ pub struct TrialSpec {
     pub strategy: Method,
     /// Site form.
     pub form: Form,
-    /// Bytes of the site before the line boundary (0: none).
-    pub split: usize,
+    /// Where the site lies in its line (or across two).
+    pub place: Place,
     /// Executor threads.
     pub executors: usize,
     /// How they fetch the site.
@@ -95,7 +95,7 @@ fn run_trial_reporting(spec: &TrialSpec, progress: Option<&AtomicU64>) -> Result
     if spec.wx {
         wordpatch::set_write_mode(wordpatch::WriteMode::Alias);
     }
-    let fx = Arc::new(Fixture::new(spec.form, spec.split).map_err(|e| format!("fixture: {e}"))?);
+    let fx = Arc::new(Fixture::at(spec.form, spec.place).map_err(|e| format!("fixture: {e}"))?);
     let toggler = Toggler::new(&fx, spec.strategy)?;
     if spec.wx && wordpatch::aliased_bytes() == 0 {
         return Err("W^X asked for, and the site's code is not aliased".into());

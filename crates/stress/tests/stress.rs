@@ -3,8 +3,8 @@
 //! protocol this project relies on by default, at every split, with co-run
 //! evidence; and the negative controls, which must fail.
 //!
-//! Bounded for CI (about four minutes in all on 2 cores; callpatch sized
-//! for a tear rate of 10^-7, see [`CALLPATCH_TOGGLES`]). For the long mode
+//! Bounded for CI (callpatch sized for a tear rate of 10^-7, see
+//! [`CALLPATCH_TOGGLES`]; the suite's longest binary on 2 cores). For the long mode
 //! (>= 1e8 toggles per configuration) set `FASTINST_STRESS_LONG=1`, or run
 //! `fastinst-stress run --long` directly. Tests take a lock so that stress
 //! runs never compete with each other for the cores.
@@ -89,11 +89,14 @@ fn assert_clean(run: &Run, configs: usize, min_toggles: u64) {
 const CALLPATCH_TOGGLES: u64 = 30_000_000;
 
 /// Runs `strategy` at CI's callpatch size (3 trials of 10^7 toggles, 20 s
-/// each at most) over `configs` configurations, each clean.
-fn callpatch_clean(strategy: &str, configs: usize) {
+/// each at most) over `configs` configurations, each clean; a site inside
+/// one line at each of `offsets` (comma-separated) into it.
+fn callpatch_clean(strategy: &str, offsets: &str, configs: usize) {
     let run = stress(&[
         "--strategies",
         strategy,
+        "--offsets",
+        offsets,
         "--trials",
         "3",
         "--toggles",
@@ -104,14 +107,24 @@ fn callpatch_clean(strategy: &str, configs: usize) {
     assert_clean(&run, configs, CALLPATCH_TOGGLES);
 }
 
-#[test]
-fn callpatch_paper_every_form_and_split() {
-    callpatch_clean("call-paper", 2 * (5 + 6 + 5 + 6));
-}
+/// Where a site inside one line is put when its store's place in the line
+/// matters: inside an aligned quadword, then across an 8-, a 16- and a
+/// 32-byte boundary ([`stress::Place::INSIDE`]). Paper mode writes up to
+/// the whole instruction (a NOP for a call) with one locked store whose
+/// window is unaligned there, and instruction fetch reads a line in 16- or
+/// 32-byte blocks.
+const EVERY_INSIDE: &str = "8,4,12,28";
 
 #[test]
+fn callpatch_paper_every_form_and_split() {
+    callpatch_clean("call-paper", EVERY_INSIDE, 2 * (4 * 4 + 4 + 5 + 4 + 5));
+}
+
+/// Flip writes one byte, the opcode, and the rest of the instruction never
+/// changes: the site inside a line is run inside an aligned quadword only.
+#[test]
 fn callpatch_flip_every_form_and_split() {
-    callpatch_clean("call-flip", 2 * (5 + 6 + 5 + 6));
+    callpatch_clean("call-flip", "8", 2 * (5 + 6 + 5 + 6));
 }
 
 /// The runtime's counting stubs rewrite a live `call rel32`'s operand
@@ -122,7 +135,7 @@ fn callpatch_flip_every_form_and_split() {
 /// (splits 2-4) must tear.
 #[test]
 fn call_operand_retargets_are_clean_where_allowed_and_torn_elsewhere() {
-    callpatch_clean("call-retarget", 2 * 2);
+    callpatch_clean("call-retarget", EVERY_INSIDE, 2 * (4 + 1));
     let run = wx_short("call-retarget");
     assert_clean(&run, 2 * 2, 100_000);
     assert_every_config_tears(
@@ -152,7 +165,16 @@ fn assert_synccore_clean(strategy: &str) {
         eprintln!("skipped: {e}");
         return;
     }
-    let run = stress(&["--strategies", strategy, "--trials", "3", "--seconds", "1"]);
+    let run = stress(&[
+        "--strategies",
+        strategy,
+        "--offsets",
+        "8",
+        "--trials",
+        "3",
+        "--seconds",
+        "1",
+    ]);
     assert_clean(&run, 2 * 5, 100);
 }
 
@@ -194,6 +216,8 @@ fn wx_short(strategy: &str) -> Run {
         "--wx",
         "--strategies",
         strategy,
+        "--offsets",
+        "8",
         "--trials",
         "1",
         "--seconds",
@@ -311,6 +335,8 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
             "--wx",
             "--strategies",
             "word-synccore",
+            "--offsets",
+            "8",
             "--trials",
             "1",
             "--seconds",
@@ -323,7 +349,7 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
         // At straddling splits the toggler's read-back of each state (a
         // toggle error fails the trial) and the two-store control below
         // show the alias's stores reaching the code.
-        seen_both(&run, ",split=0,");
+        seen_both(&run, ",split=0@");
     } else {
         eprintln!("SyncCore part skipped: no membarrier SYNC_CORE");
     }

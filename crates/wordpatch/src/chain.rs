@@ -1,6 +1,7 @@
 //! Handing a signal that is not ours to the disposition found before ours,
 //! for this crate's handlers (SIGTRAP for the INT3 lock, SIGSEGV for pages
-//! made read-only again).
+//! made read-only again, SIGILL's report), and the line a fatal fault
+//! writes before the default action kills the process.
 
 /// A disposition found before one of ours. Written only while our handler
 /// is not installed (or being re-installed over a foreign one), read only
@@ -77,11 +78,12 @@ pub(crate) unsafe fn chain(
 }
 
 /// Writes one line to stderr for a fault about to kill the process: the
-/// signal, the faulting address, the instruction pointer and the 16 code
-/// bytes there. A signal raised again from a handler is not logged by the
-/// kernel as a fault is, and a crash in code being patched is worth its
-/// bytes. No allocation: the line is built in a buffer on the stack and
-/// written with one `write`.
+/// signal, the faulting address, the instruction pointer and the code
+/// there (for an illegal instruction, from a few bytes before it). A
+/// signal raised again from a handler is not logged by the kernel as a
+/// fault is, and a crash in code being patched is worth its bytes. No
+/// allocation: the line is built in a buffer on the stack and written with
+/// one `write`.
 ///
 /// # Safety
 /// `info` and `ctx` are the kernel's arguments to an `SA_SIGINFO` handler.
@@ -105,18 +107,59 @@ unsafe fn report_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     };
     line.push(b", ip ");
     line.hex(ip);
-    // The bytes at ip only where the fault was not in fetching them.
-    if ip != 0 && (addr < ip || addr >= ip + 16) {
+    if let Some((from, to)) = readable_code(sig, addr, ip) {
         line.push(b", code");
-        for i in 0..16 {
+        if from < ip {
+            line.push(b" from ip-");
+            line.dec(ip - from);
+        }
+        line.push(b":");
+        for a in from..to {
             line.push(b" ");
-            // SAFETY: the instruction at ip was fetched and decoded (the
-            // fault is a data access elsewhere), so its page is mapped and
-            // readable; 16 bytes may cross into the next page only where
-            // an instruction does.
-            line.hex(u64::from(unsafe { std::ptr::read_volatile((ip + i) as *const u8) }));
+            // SAFETY: `readable_code` keeps to bytes that were fetched or
+            // share a page with them.
+            line.hex_digits(u64::from(unsafe { std::ptr::read_volatile(a as *const u8) }), 2);
         }
     }
     line.push(b"\n");
     line.write_to(2);
+}
+
+/// The range of code bytes around `ip` that may be read for a report of
+/// signal `sig` at `addr`: none where the fault was in fetching them.
+/// After an illegal instruction, the page of `ip` is mapped and was
+/// fetched from, so up to 8 bytes before and 16 from `ip` inside that
+/// page; after another fault elsewhere, the instruction at `ip` was
+/// decoded, so 16 bytes (an instruction may cross into the next page only
+/// where one does).
+fn readable_code(sig: libc::c_int, addr: u64, ip: u64) -> Option<(u64, u64)> {
+    if ip == 0 {
+        return None;
+    }
+    if sig == libc::SIGILL {
+        let page = ip & !(crate::PAGE_SIZE as u64 - 1);
+        let end = page + crate::PAGE_SIZE as u64;
+        return Some((ip.saturating_sub(8).max(page), (ip + 16).min(end)));
+    }
+    (addr < ip || addr >= ip + 16).then_some((ip, ip + 16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable_code;
+
+    #[test]
+    fn an_illegal_instructions_bytes_stay_inside_its_page() {
+        assert_eq!(readable_code(libc::SIGILL, 0x5010, 0x5010), Some((0x5008, 0x5020)));
+        assert_eq!(readable_code(libc::SIGILL, 0x5003, 0x5003), Some((0x5000, 0x5013)));
+        assert_eq!(readable_code(libc::SIGILL, 0x5ffa, 0x5ffa), Some((0x5ff2, 0x6000)));
+        assert_eq!(readable_code(libc::SIGILL, 0, 0), None);
+    }
+
+    #[test]
+    fn a_fault_in_fetching_shows_no_bytes() {
+        assert_eq!(readable_code(libc::SIGSEGV, 0x10, 0x5000), Some((0x5000, 0x5010)));
+        assert_eq!(readable_code(libc::SIGSEGV, 0x5004, 0x5000), None);
+        assert_eq!(readable_code(libc::SIGSEGV, 0x6000, 0x5ffc), None);
+    }
 }

@@ -207,6 +207,7 @@ fn add_pages(first: usize, end: usize) -> Result<(), Error> {
         if !m.executable {
             return Err(Error::NotExecutable { addr: page });
         }
+        crate::illegal::ensure_installed();
         // The run: this mapping's pages up to `end`.
         let run_end = m.end.min((end + PAGE_SIZE - 1) & !(PAGE_SIZE - 1));
         let fresh = (page..run_end).step_by(PAGE_SIZE).filter(|&p| !known(p)).count();

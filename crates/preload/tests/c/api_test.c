@@ -22,9 +22,12 @@ static _Atomic int nids;
 
 __attribute__((no_instrument_function)) static void on_probe(const fastinst_probe_meta *m, void *u) {
     (void)u;
-    int i = atomic_fetch_add(&nids, 1);
+    /* Discovery callbacks run one at a time; the toggler reads ids[i] for
+     * i < nids, so the id is stored before nids counts it. */
+    int i = atomic_load(&nids);
     CHECK(i < MAXP && m->id < MAXP, "too many probes");
     ids[i] = m->id;
+    atomic_store(&nids, i + 1);
     int rc = fastinst_deactivate(m->id);
     CHECK(rc == 0, "deactivate %u: %s", m->id, fastinst_strerror(rc));
 }

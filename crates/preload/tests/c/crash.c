@@ -1,15 +1,17 @@
 /* Runs instrumented code (so the runtime patched pages and installed its
- * fault handler), prints, then reads address 0x10: the crash must still
- * kill the process by SIGSEGV, and the runtime's handler, which raises it
- * again, says where it was. */
+ * fault handlers), prints, then crashes: by default it reads address 0x10,
+ * and must still be killed by SIGSEGV; with argument `ill` it runs `ud2`,
+ * and must still be killed by SIGILL. Either way the runtime's handler,
+ * which raises the signal again, says where it was. */
 #include <stdio.h>
+#include <string.h>
 __attribute__((noinline)) int f(int x) { return x + 1; }
 int main(int argc, char **argv) {
-    (void)argv;
     long s = 0;
     for (int i = 0; i < 100000; i++) s += f(i);
     printf("%ld\n", s);
     fflush(stdout);
-    volatile int *p = (int *)(long)(argc - 1 + 16);
-    return *p;
+    if (argc > 1 && strcmp(argv[1], "ill") == 0) __asm__ volatile("ud2");
+    volatile long a = 16;
+    return *(volatile int *)a;
 }

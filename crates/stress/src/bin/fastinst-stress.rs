@@ -6,7 +6,7 @@ use fastinst_args::{split_list, ArgError, Argv, Item};
 use std::process::ExitCode;
 use std::time::Duration;
 use stress::bench::{self, Row};
-use stress::{run_config, Fetch, Method, TrialSpec};
+use stress::{run_config, Fetch, Method, Place, TrialSpec};
 use wordpatch::Wait;
 
 const USAGE: &str = "\
@@ -23,7 +23,11 @@ run options:
                       word-async[:T],word-naive,call-paper,call-flip,
                       call-naive (default: all but the two naive controls)
   --forms LIST        call,ind,jmp,jmpind (default: all the strategy supports)
-  --splits LIST       e.g. 0,1,2 (default: every split of the form)
+  --splits LIST       e.g. 0,1,2 (default: every split of the form; 0 is a
+                      site inside one line, at each of --offsets)
+  --offsets LIST      where a site inside one line starts in it (default
+                      8,4,12,28: inside a quadword, then across an 8-, a
+                      16- and a 32-byte boundary)
   --executors N       executor threads (default: max(2, cores))
   --fetch LIST        warm,cold: executors call the site back to back, or
                       flush the line of its back part before each call, the
@@ -54,6 +58,7 @@ struct RunArgs {
     strategies: Vec<Method>,
     forms: Option<Vec<Form>>,
     splits: Option<Vec<usize>>,
+    offsets: Vec<usize>,
     executors: usize,
     fetch: Vec<Fetch>,
     trials: u64,
@@ -72,6 +77,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         )?,
         forms: None,
         splits: None,
+        offsets: stress::Place::INSIDE.to_vec(),
         executors: cores.max(2),
         fetch: Fetch::ALL.to_vec(),
         trials: 3,
@@ -86,6 +92,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             Item::Opt(n @ "--strategies", i) => r.strategies = split_list(argv.value(n, i)?, |s| s.parse())?,
             Item::Opt(n @ "--forms", i) => r.forms = Some(split_list(argv.value(n, i)?, parse_form)?),
             Item::Opt(n @ "--splits", i) => r.splits = Some(argv.list(n, i, "a split")?),
+            Item::Opt(n @ "--offsets", i) => r.offsets = argv.list(n, i, "an offset")?,
             Item::Opt(n @ "--executors", i) => r.executors = argv.parsed(n, i, "a count")?,
             Item::Opt(n @ "--fetch", i) => r.fetch = split_list(argv.value(n, i)?, |s| s.parse())?,
             Item::Opt(n @ "--trials", i) => r.trials = argv.parsed(n, i, "a count")?,
@@ -106,25 +113,32 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     if r.executors == 0 || r.trials == 0 {
         return Err("--executors and --trials must be at least 1".into());
     }
+    if let Some(o) = r.offsets.iter().find(|&&o| !(2..=58).contains(&o)) {
+        return Err(format!("--offsets: {o} leaves no room in the line (2 to 58)"));
+    }
     Ok(r)
 }
 
-/// Every configuration `a` asks for: strategy, then form, split and fetch.
+/// Every configuration `a` asks for: strategy, then form, place and fetch.
 fn specs(a: &RunArgs) -> Vec<TrialSpec> {
     let mut v = Vec::new();
     for &strategy in &a.strategies {
         let forms = a.forms.clone().unwrap_or_else(|| Form::ALL.to_vec());
         for form in forms.into_iter().filter(|&f| strategy.supports(f)) {
             let splits: Vec<usize> = a.splits.clone().unwrap_or_else(|| (0..form.len()).collect());
-            for split in splits
+            let places = splits
                 .into_iter()
                 .filter(|&s| s < form.len() && strategy.supports_split(s))
-            {
+                .flat_map(|s| match s {
+                    0 => a.offsets.iter().map(|&o| Place::Inside(o)).collect(),
+                    s => vec![Place::Split(s)],
+                });
+            for place in places {
                 for &fetch in &a.fetch {
                     v.push(TrialSpec {
                         strategy,
                         form,
-                        split,
+                        place,
                         executors: a.executors,
                         fetch,
                         max_toggles: a.toggles,
