@@ -100,6 +100,9 @@ pub struct Timings {
 pub struct Session {
     pid: i32,
     sites: Vec<Site>,
+    /// The modules mapped at the attach: one mapped since is a library
+    /// loaded while attached, whose sleds the runtime probed.
+    modules: Vec<maps::Module>,
     /// Hook slots bound to the runtime, with what each held.
     bound: Vec<(bindings::Slot, u64)>,
     /// The probed modules' code, and what of it differed from the files
@@ -121,6 +124,8 @@ pub struct Detached {
     pub files: Vec<PathBuf>,
     /// Sites checked equal to their files' bytes.
     pub sites_checked: usize,
+    /// Of them, the sites of libraries loaded while attached.
+    pub late_sites: usize,
     /// Hook slots put back.
     pub slots_restored: usize,
     /// Runs of code bytes put back from the files (sleds aside).
@@ -300,6 +305,7 @@ pub fn attach(pid: i32, opts: &Options) -> Result<Session> {
     let mut session = Session {
         pid,
         sites,
+        modules,
         bound: Vec::new(),
         regions,
         code_before,
@@ -392,6 +398,7 @@ fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
         pid,
         regions: code::regions(maps, &probed(maps, &modules, &sites, &slots), &mut files),
         sites,
+        modules,
         bound,
         code_before: Vec::new(),
         control,
@@ -636,6 +643,20 @@ impl Session {
         control(&self.control, command)
     }
 
+    /// The sleds of the modules mapped since the attach (libraries the
+    /// process loaded while attached, which the runtime probed), from
+    /// their files. The runtime's own library is not one of them.
+    fn late_sites(&self) -> Result<Vec<Site>> {
+        let late: Vec<maps::Module> = maps::modules(&maps::of(self.pid)?)
+            .into_iter()
+            .filter(|m| !self.modules.contains(m) && m.path != self.library && !m.path.ends_with(LIBRARY_NAME))
+            .collect();
+        if late.is_empty() {
+            return Ok(Vec::new());
+        }
+        sleds::of_modules(&late, &mut files::Files::new())
+    }
+
     /// Detaches: the runtime stops and writes its reports, then every sled
     /// gets its file's bytes back, with no thread inside the library.
     pub fn detach(self) -> Result<Detached> {
@@ -658,6 +679,15 @@ impl Session {
                     line.trim()
                 )))
             }
+        };
+        // The runtime's sled watcher ended before it answered: the
+        // libraries loaded while attached are all mapped now, and read
+        // before any thread stops.
+        let late = self.late_sites()?;
+        let sites: std::borrow::Cow<[Site]> = if late.is_empty() {
+            std::borrow::Cow::Borrowed(&self.sites)
+        } else {
+            std::borrow::Cow::Owned(self.sites.iter().chain(&late).cloned().collect())
         };
         let mem = Mem::open(self.pid)?;
         let mut tries = 0;
@@ -686,7 +716,7 @@ impl Session {
             // Every site: the runtime's off bytes are a 5-byte NOP of its
             // own, and clang's differ from it. Both forms are one
             // instruction, so no stopped thread can be inside either.
-            let back: Vec<_> = sleds::differing(&mem, &self.sites)?
+            let back: Vec<_> = sleds::differing(&mem, &sites)?
                 .into_iter()
                 .map(|(site, _)| (site.addr, site.original))
                 .collect();
@@ -715,7 +745,7 @@ impl Session {
             // any more (the runtime's probes are off and its sampler has
             // ended, and no call reaches its hooks), so what is read now
             // is what the threads run from here on.
-            let wrong = sleds::differing(&mem, &self.sites)?;
+            let wrong = sleds::differing(&mem, &sites)?;
             let wrong_code = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
             let mut wrong_slots = 0;
             for (slot, was) in &self.bound {
@@ -771,7 +801,8 @@ impl Session {
             return Ok(Detached {
                 files,
                 released,
-                sites_checked: self.sites.len(),
+                sites_checked: sites.len(),
+                late_sites: late.len(),
                 slots_restored: self.bound.len(),
                 code_restored: runs.len(),
                 code_checked: self.regions.iter().map(|r| r.file.len() as u64).sum(),

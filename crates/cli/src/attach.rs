@@ -169,12 +169,17 @@ pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
     let d = crate::progress::step(&format!("detaching from {pid}"), || session.detach())
         .map_err(|e| CliError::Attach(e.to_string()))?;
     say!(
-        "fastinst: detached from {} in {:.1} ms, released after {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files; {} hook slots and {} runs of code put back, {} bytes of code checked)",
+        "fastinst: detached from {} in {:.1} ms, released after {:.1} ms (threads stopped {:.2} ms; {} sites checked equal to their files{}; {} hook slots and {} runs of code put back, {} bytes of code checked)",
         pid,
         d.total.as_secs_f64() * 1e3,
         d.released.as_secs_f64() * 1e3,
         d.all_stopped.as_secs_f64() * 1e3,
         d.sites_checked,
+        if d.late_sites > 0 {
+            format!(", {} of them in libraries loaded while attached", d.late_sites)
+        } else {
+            String::new()
+        },
         d.slots_restored,
         d.code_restored,
         d.code_checked

@@ -208,6 +208,93 @@ fn attach_profile_detach(cc: &str, flag: &str) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Compiles `tests/c/NAME` with gcc and `flags` into `out`.
+fn gcc(name: &str, flags: &[&str], out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(name);
+    let st = Command::new("gcc")
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("gcc (Debian package gcc)");
+    assert!(st.success(), "gcc {flags:?} {name} failed");
+}
+
+/// A library the process loads while attached (a sled build, `dlopen`ed
+/// once the attach answered): the runtime's watcher registers its sleds,
+/// the report holds its functions with their calls, and the detach puts
+/// its sleds back too, checked against its file; the program's output and
+/// exit status are an unattached run's.
+#[test]
+fn a_library_loaded_while_attached_is_probed_and_put_back() {
+    let dir = scratch("attach-late-library");
+    let (so, bin, go) = (dir.join("libplugin.so"), dir.join("late_loader"), dir.join("go"));
+    gcc(
+        "plugin.c",
+        &["-O2", "-fPIC", "-shared", "-fpatchable-function-entry=5"],
+        &so,
+    );
+    gcc(
+        "late_loader.c",
+        &["-O2", "-pthread", "-fpatchable-function-entry=5", "-ldl"],
+        &bin,
+    );
+    let (so_s, go_s) = (so.to_str().unwrap(), go.to_str().unwrap());
+    // Three threads, each a second or more of the library's work here.
+    let args = [so_s, go_s, "3", "1000"];
+    std::fs::write(&go, "").unwrap();
+    let (want, want_rc) = finish(spawn(&bin, &args));
+    std::fs::remove_file(&go).unwrap();
+    let child = spawn(&bin, &args);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(200));
+    let out = dir.join("out");
+    let attach = attach_in_background(&pid.to_string(), "1.0", &out, &dir);
+    // Attached: now the program loads the library.
+    std::fs::write(&go, "").unwrap();
+    let o = attach.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    println!("{err}");
+    assert!(o.status.success(), "{err}");
+    let late: usize = err
+        .split(" of them in libraries loaded while attached")
+        .next()
+        .and_then(|head| head.rsplit(", ").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sites of a library loaded while attached checked: {err}"));
+    // The library's sleds, read from its file, all hold its bytes again.
+    let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
+    let library: Vec<_> = fastinst_attach::maps::modules(&maps)
+        .into_iter()
+        .filter(|m| m.path == so)
+        .collect();
+    assert_eq!(library.len(), 1, "the library is mapped once: {library:?}");
+    let sites = fastinst_attach::sleds::of_modules(&library, &mut fastinst_attach::files::Files::new()).unwrap();
+    assert!(sites.len() >= 3, "{} sleds in the library", sites.len());
+    assert_eq!(late, sites.len(), "the detach checked the library's sleds: {err}");
+    let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
+    let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
+    assert!(wrong.is_empty(), "the library's sleds differ from its file: {wrong:x?}");
+    let (got, log, rc) = testkit::process::finish(child);
+    assert_eq!((got.as_str(), rc), (want.as_str(), want_rc), "{log}");
+    let json = out.join(format!("fastinst-profile.{pid}.json"));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let calls = |name: &str| {
+        r["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .and_then(|f| f["calls_estimated"].as_f64())
+    };
+    for f in ["plugin_step", "plugin_leaf"] {
+        let c = calls(f).unwrap_or_else(|| panic!("{f} not in the report: {}", r["functions"]));
+        assert!(c > 0.0, "{f}: {c} calls");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A thread stopped in `nanosleep` sleeps its whole length: when another
 /// thread can be borrowed for the runtime's start, and when the sleeping
 /// one must be. (Restored as it stood, a borrowed thread's `nanosleep`

@@ -14,6 +14,11 @@
 //! and `FASTINST_CONTROL`, the path of the control socket
 //! ([`crate::control`]) it then serves.
 //!
+//! Libraries the process loads while attached have their sleds registered
+//! and probed (the sled watcher); `-finstrument-functions` code in
+//! them keeps calling the C library's no-op hooks, bound before the
+//! attach could bind them.
+//!
 //! What stays behind after a detach: the mapped library, its trampoline
 //! pages and its idle state. Calls that were being timed when the tool
 //! stopped still return through the library's exit trampoline, which pairs
@@ -142,6 +147,10 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     let listener = crate::control::bind(&control).map_err(|e| AttachError::Control(control.clone(), e))?;
     crate::attached::set(true);
     crate::process::start_from_env();
+    // The program's `dlopen` calls were bound before this library came,
+    // so none reaches the preload's interposed one: libraries it loads
+    // while attached are found by the watcher, ended at the detach.
+    crate::sled::watch();
     std::thread::Builder::new()
         .name("fastinst-control".into())
         .spawn(move || crate::control::serve(listener, control, true))

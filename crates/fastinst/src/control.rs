@@ -8,8 +8,8 @@
 //! - `set KEY=VALUE ...`: changes the profiler's sampling settings from
 //!   its next epoch (`samples`, `windows`, `epoch-ms`; all or none), `ok`
 //!   and the settings as they now stand;
-//! - `detach` (attached runs only), two lines: the sampler thread ends and
-//!   every probe goes off, `ok off <tid>` (the thread answering, which
+//! - `detach` (attached runs only), two lines: the sled watcher and the
+//!   sampler thread end and every probe goes off, `ok off <tid>` (the thread answering, which
 //!   goes on to write the reports); then the tool writes its reports,
 //!   `ok <files>`, and the socket goes.
 //!
@@ -151,12 +151,14 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
     let _ = std::fs::remove_file(path);
 }
 
-/// Ends the attached run, all but its reports: the sampler thread ends,
-/// every CPU sample event closes, no tool sees a probe again and every
-/// probe goes off (a sled back to its 5-byte NOP; `fastinst attach` then
+/// Ends the attached run, all but its reports: the sled watcher and the
+/// sampler thread end, every CPU sample event closes, no tool sees a
+/// probe again and every probe goes off (a sled back to its 5-byte NOP; `fastinst attach` then
 /// puts the file's bytes back). The reports are written next, from what
 /// was gathered.
 fn switch_off() -> Result<(), String> {
+    // First, so no library loaded from here on gets probes.
+    crate::sled::stop_watching();
     let sampler_ended = crate::profile::end_for_detach(Duration::from_secs(2));
     crate::api::unlisten();
     let mut failed = 0;

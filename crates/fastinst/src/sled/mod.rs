@@ -39,6 +39,31 @@ pub(crate) mod site;
 pub(crate) mod stubarea;
 pub(crate) mod trampoline;
 mod unwind;
+mod watcher;
+
+pub(crate) use watcher::stop_watching;
+pub use watcher::watch_from_first_dlopen;
+
+/// Starts the thread that registers the sleds of libraries loaded later
+/// (once until a detach ends it; see [`watcher`]).
+pub fn watch() {
+    watcher::watch(load_found);
+}
+
+/// A library is about to be loaded (the interposed `dlopen`).
+pub(crate) fn library_loading() {
+    watcher::library_loading(load_found);
+}
+
+/// In a forked child: the watcher thread did not survive the fork.
+pub(crate) fn watch_after_fork() {
+    watcher::watch_after_fork(load_found);
+}
+
+/// [`load`], for the watcher.
+fn load_found() {
+    load();
+}
 
 use crate::discovery::{with_state, DiscoveryGuard, State};
 use crate::modules::{LiveMemory, Module};
@@ -655,60 +680,6 @@ fn rewrite_call(addr: u64, found: &mcount::Found) -> std::result::Result<(), Str
     // SAFETY: `addr` starts one call instruction of exactly `expected`;
     // both forms are valid code with the boundaries above.
     unsafe { wordpatch::patch_with(addr as *mut u8, found.rewritten(), &opts) }.map_err(|e| e.to_string())
-}
-
-static WATCHING: AtomicBool = AtomicBool::new(false);
-static WATCH_ON_DLOPEN: AtomicBool = AtomicBool::new(false);
-
-/// Starts the thread that registers the sleds of libraries loaded later
-/// (once; see the module doc).
-pub fn watch() {
-    if WATCHING.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    spawn_watcher();
-}
-
-/// Starts the watcher ([`watch`]) when the program first calls `dlopen`
-/// or `dlmopen` (the preload library interposes both), not before: most
-/// programs never load a library, and a thread, even one that only
-/// sleeps, puts glibc in its multi-threaded mode for the rest of the run
-/// (its `malloc` and `free` then take the arena lock).
-pub fn watch_from_first_dlopen() {
-    WATCH_ON_DLOPEN.store(true, Ordering::Release);
-}
-
-/// A library is about to be loaded (the interposed `dlopen`).
-pub(crate) fn library_loading() {
-    if WATCH_ON_DLOPEN.load(Ordering::Acquire) && !WATCHING.load(Ordering::Relaxed) {
-        let _ = std::panic::catch_unwind(watch);
-    }
-}
-
-fn spawn_watcher() {
-    let r = std::thread::Builder::new().name("fastinst-sleds".into()).spawn(|| {
-        let mut seen = crate::modules::load_count();
-        loop {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            let n = crate::modules::load_count();
-            if n != seen {
-                seen = n;
-                let _ = std::panic::catch_unwind(load);
-            }
-        }
-    });
-    if let Err(e) = r {
-        crate::log::warn(format_args!(
-            "no sled watcher thread ({e}): libraries loaded later get no probes"
-        ));
-    }
-}
-
-/// In a forked child: the watcher thread did not survive the fork.
-pub(crate) fn watch_after_fork() {
-    if WATCHING.load(Ordering::Acquire) {
-        spawn_watcher();
-    }
 }
 
 fn announce(s: &State, id: ProbeId) {
