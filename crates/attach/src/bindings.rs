@@ -14,20 +14,7 @@ use crate::files::Files;
 use crate::maps::Module;
 use crate::sleds::load_bias;
 
-/// The hook functions a `-finstrument-functions` build calls.
-pub const HOOKS: [&str; 2] = ["__cyg_profile_func_enter", "__cyg_profile_func_exit"];
-
-const R_X86_64_GLOB_DAT: u32 = 6;
-const R_X86_64_JUMP_SLOT: u32 = 7;
-
-/// One GOT slot that a module calls a hook through.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Slot {
-    /// Its address in the process.
-    pub addr: u64,
-    /// Which hook: an index into [`HOOKS`].
-    pub hook: usize,
-}
+pub use providers::hookslots::{Slot, HOOKS};
 
 /// The hook slots of the ELF file `bytes`, mapped with its offset 0 at
 /// `base`.
@@ -36,20 +23,7 @@ pub fn of_file(bytes: &[u8], base: u64) -> Result<Vec<Slot>> {
     let Some(bias) = load_bias(&elf, base) else {
         return Ok(Vec::new());
     };
-    let mut out = Vec::new();
-    for r in elf.pltrelocs.iter().chain(elf.dynrelas.iter()) {
-        if r.r_type != R_X86_64_JUMP_SLOT && r.r_type != R_X86_64_GLOB_DAT {
-            continue;
-        }
-        let name = elf.dynsyms.get(r.r_sym).and_then(|s| elf.dynstrtab.get_at(s.st_name));
-        if let Some(hook) = name.and_then(|n| HOOKS.iter().position(|h| *h == n)) {
-            out.push(Slot {
-                addr: bias.wrapping_add(r.r_offset),
-                hook,
-            });
-        }
-    }
-    Ok(out)
+    Ok(providers::hookslots::of_elf(&elf, bias))
 }
 
 /// The hook slots of every module (the runtime's own library aside).

@@ -128,6 +128,8 @@ pub struct Detached {
     pub late_sites: usize,
     /// Hook slots put back.
     pub slots_restored: usize,
+    /// Of them, the slots of libraries loaded while attached.
+    pub late_slots: usize,
     /// Runs of code bytes put back from the files (sleds aside).
     pub code_restored: usize,
     /// Code bytes compared with the files.
@@ -643,18 +645,32 @@ impl Session {
         control(&self.control, command)
     }
 
-    /// The sleds of the modules mapped since the attach (libraries the
-    /// process loaded while attached, which the runtime probed), from
-    /// their files. The runtime's own library is not one of them.
-    fn late_sites(&self) -> Result<Vec<Site>> {
-        let late: Vec<maps::Module> = maps::modules(&maps::of(self.pid)?)
+    /// What the runtime may have changed in the modules mapped since the
+    /// attach (libraries the process loaded while attached, which it
+    /// probed): their sleds and hook slots, read from their files, and
+    /// their code. The runtime's own library is not one of them.
+    fn late(&self) -> Result<Late> {
+        let maps = maps::of(self.pid)?;
+        let modules: Vec<maps::Module> = maps::modules(&maps)
             .into_iter()
             .filter(|m| !self.modules.contains(m) && m.path != self.library && !m.path.ends_with(LIBRARY_NAME))
             .collect();
-        if late.is_empty() {
-            return Ok(Vec::new());
+        if modules.is_empty() {
+            return Ok(Late::default());
         }
-        sleds::of_modules(&late, &mut files::Files::new())
+        let mut files = files::Files::new();
+        let sites = sleds::of_modules(&modules, &mut files)?;
+        let slots = bindings::of_modules(&modules, &mut files)?;
+        let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots), &mut files);
+        // The loader bound them to the C library's hooks; the runtime
+        // pointed them at its own.
+        let bound = if slots.is_empty() {
+            Vec::new()
+        } else {
+            let libc = symbols_in(&maps, "libc.so.6", &bindings::HOOKS)?;
+            slots.into_iter().map(|s| (s.clone(), libc[s.hook])).collect()
+        };
+        Ok(Late { sites, bound, regions })
     }
 
     /// Detaches: the runtime stops and writes its reports, then every sled
@@ -683,12 +699,10 @@ impl Session {
         // The runtime's sled watcher ended before it answered: the
         // libraries loaded while attached are all mapped now, and read
         // before any thread stops.
-        let late = self.late_sites()?;
-        let sites: std::borrow::Cow<[Site]> = if late.is_empty() {
-            std::borrow::Cow::Borrowed(&self.sites)
-        } else {
-            std::borrow::Cow::Owned(self.sites.iter().chain(&late).cloned().collect())
-        };
+        let late = self.late()?;
+        let sites = joined(&self.sites, &late.sites);
+        let bound = joined(&self.bound, &late.bound);
+        let regions = joined(&self.regions, &late.regions);
         let mem = Mem::open(self.pid)?;
         let mut tries = 0;
         loop {
@@ -710,7 +724,7 @@ impl Session {
                 continue;
             }
             // The hook slots first: from here no call reaches a hook.
-            for (slot, was) in &self.bound {
+            for (slot, was) in bound.iter() {
                 mem.write(slot.addr, &was.to_le_bytes())?;
             }
             // Every site: the runtime's off bytes are a 5-byte NOP of its
@@ -725,7 +739,7 @@ impl Session {
             // calls switched off, rewritten argument loads): a thread
             // stopped inside such a run, between two instructions the
             // runtime wrote, is stepped out of it first.
-            let mut runs = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
+            let mut runs = code::new_since(&self.code_before, code::differing(&mem, &regions)?);
             runs.sort_by_key(|r| r.addr);
             // Each thread's place read once, not once a run (thousands of
             // runs in a `-finstrument-functions` build, each read a
@@ -746,9 +760,9 @@ impl Session {
             // ended, and no call reaches its hooks), so what is read now
             // is what the threads run from here on.
             let wrong = sleds::differing(&mem, &sites)?;
-            let wrong_code = code::new_since(&self.code_before, code::differing(&mem, &self.regions)?);
+            let wrong_code = code::new_since(&self.code_before, code::differing(&mem, &regions)?);
             let mut wrong_slots = 0;
-            for (slot, was) in &self.bound {
+            for (slot, was) in bound.iter() {
                 let mut now = [0u8; 8];
                 mem.read(slot.addr, &mut now)?;
                 wrong_slots += usize::from(u64::from_le_bytes(now) != *was);
@@ -802,15 +816,34 @@ impl Session {
                 files,
                 released,
                 sites_checked: sites.len(),
-                late_sites: late.len(),
-                slots_restored: self.bound.len(),
+                late_sites: late.sites.len(),
+                late_slots: late.bound.len(),
+                slots_restored: bound.len(),
                 code_restored: runs.len(),
-                code_checked: self.regions.iter().map(|r| r.file.len() as u64).sum(),
+                code_checked: regions.iter().map(|r| r.file.len() as u64).sum(),
                 tries,
                 total: began.elapsed(),
                 all_stopped,
             });
         }
+    }
+}
+
+/// See [`Session::late`].
+#[derive(Default)]
+struct Late {
+    sites: Vec<Site>,
+    bound: Vec<(bindings::Slot, u64)>,
+    regions: Vec<code::Region>,
+}
+
+/// `a` then `b`, borrowed where `b` is empty (the usual detach: no library
+/// loaded while attached).
+fn joined<'a, T: Clone>(a: &'a [T], b: &[T]) -> std::borrow::Cow<'a, [T]> {
+    if b.is_empty() {
+        std::borrow::Cow::Borrowed(a)
+    } else {
+        std::borrow::Cow::Owned(a.iter().chain(b).cloned().collect())
     }
 }
 

@@ -175,8 +175,11 @@ pub(crate) fn end(pid: i32, session: fastinst_attach::Session) -> Result<()> {
         d.released.as_secs_f64() * 1e3,
         d.all_stopped.as_secs_f64() * 1e3,
         d.sites_checked,
-        if d.late_sites > 0 {
-            format!(", {} of them in libraries loaded while attached", d.late_sites)
+        if d.late_sites + d.late_slots > 0 {
+            format!(
+                ", {} of them in libraries loaded while attached, and {} hook slots",
+                d.late_sites, d.late_slots
+            )
         } else {
             String::new()
         },

@@ -221,25 +221,22 @@ fn gcc(name: &str, flags: &[&str], out: &Path) {
     assert!(st.success(), "gcc {flags:?} {name} failed");
 }
 
-/// A library the process loads while attached (a sled build, `dlopen`ed
-/// once the attach answered): the runtime's watcher registers its sleds,
-/// the report holds its functions with their calls, and the detach puts
-/// its sleds back too, checked against its file; the program's output and
+/// A library the process loads while attached, `dlopen`ed once the attach
+/// answered, built with `flag`: the runtime's watcher registers its sleds
+/// or binds its hook slots, the report holds its functions with their
+/// calls, and the detach puts back its sleds, its hook slots and its code,
+/// checked against its file and the C library; the program's output and
 /// exit status are an unattached run's.
-#[test]
-fn a_library_loaded_while_attached_is_probed_and_put_back() {
-    let dir = scratch("attach-late-library");
+fn late_library(flag: &str) {
+    let dir = scratch(&format!("attach-late-library{flag}"));
     let (so, bin, go) = (dir.join("libplugin.so"), dir.join("late_loader"), dir.join("go"));
-    gcc(
-        "plugin.c",
-        &["-O2", "-fPIC", "-shared", "-fpatchable-function-entry=5"],
-        &so,
-    );
+    gcc("plugin.c", &["-O2", "-fPIC", "-shared", flag], &so);
     gcc(
         "late_loader.c",
         &["-O2", "-pthread", "-fpatchable-function-entry=5", "-ldl"],
         &bin,
     );
+    let sleds = flag.starts_with("-fpatchable");
     let (so_s, go_s) = (so.to_str().unwrap(), go.to_str().unwrap());
     // Three threads, each a second or more of the library's work here.
     let args = [so_s, go_s, "3", "1000"];
@@ -257,25 +254,47 @@ fn a_library_loaded_while_attached_is_probed_and_put_back() {
     let err = text(&o.stderr);
     println!("{err}");
     assert!(o.status.success(), "{err}");
-    let late: usize = err
-        .split(" of them in libraries loaded while attached")
-        .next()
-        .and_then(|head| head.rsplit(", ").next())
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no sites of a library loaded while attached checked: {err}"));
-    // The library's sleds, read from its file, all hold its bytes again.
+    let said = |what: &str| -> usize {
+        err.split(what)
+            .next()
+            .and_then(|head| head.rsplit([',', ' ']).find(|w| !w.is_empty()))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no `{what}` in {err}"))
+    };
+    let (late_sites, late_slots) = (
+        said(" of them in libraries loaded while attached"),
+        said(" hook slots;"),
+    );
+    // The library's sleds, hook slots and code, read from its file, all
+    // hold what they held before the runtime came.
     let maps = fastinst_attach::maps::of(pid as i32).expect("still running");
     let library: Vec<_> = fastinst_attach::maps::modules(&maps)
         .into_iter()
         .filter(|m| m.path == so)
         .collect();
     assert_eq!(library.len(), 1, "the library is mapped once: {library:?}");
-    let sites = fastinst_attach::sleds::of_modules(&library, &mut fastinst_attach::files::Files::new()).unwrap();
-    assert!(sites.len() >= 3, "{} sleds in the library", sites.len());
-    assert_eq!(late, sites.len(), "the detach checked the library's sleds: {err}");
+    let mut files = fastinst_attach::files::Files::new();
+    let sites = fastinst_attach::sleds::of_modules(&library, &mut files).unwrap();
+    let slots = fastinst_attach::bindings::of_modules(&library, &mut files).unwrap();
+    assert_eq!((sites.len() >= 3, slots.len()), (sleds, if sleds { 0 } else { 2 }));
+    assert_eq!((late_sites, late_slots), (sites.len(), slots.len()), "{err}");
     let mem = fastinst_attach::mem::Mem::open(pid as i32).unwrap();
     let wrong = fastinst_attach::sleds::differing(&mem, &sites).unwrap();
     assert!(wrong.is_empty(), "the library's sleds differ from its file: {wrong:x?}");
+    let regions = fastinst_attach::code::regions(&maps, &library, &mut files);
+    let code = fastinst_attach::code::differing(&mem, &regions).unwrap();
+    assert!(code.is_empty(), "the library's code differs from its file: {code:x?}");
+    let runtime: Vec<_> = maps.iter().filter(|m| m.path.ends_with("libfastinst.so")).collect();
+    for s in &slots {
+        let mut b = [0u8; 8];
+        mem.read(s.addr, &mut b).unwrap();
+        let to = u64::from_le_bytes(b);
+        assert!(
+            !runtime.iter().any(|m| m.contains(to)),
+            "hook slot {:#x} still points into the runtime ({to:#x})",
+            s.addr
+        );
+    }
     let (got, log, rc) = testkit::process::finish(child);
     assert_eq!((got.as_str(), rc), (want.as_str(), want_rc), "{log}");
     let json = out.join(format!("fastinst-profile.{pid}.json"));
@@ -293,6 +312,19 @@ fn a_library_loaded_while_attached_is_probed_and_put_back() {
         assert!(c > 0.0, "{f}: {c} calls");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_sled_library_loaded_while_attached_is_probed_and_put_back() {
+    late_library("-fpatchable-function-entry=5");
+}
+
+/// Its hook calls, bound by the loader to the C library's no-op hooks,
+/// are bound to the runtime's by the runtime itself, and put back by the
+/// detach.
+#[test]
+fn a_finstrument_library_loaded_while_attached_is_probed_and_put_back() {
+    late_library("-finstrument-functions");
 }
 
 /// A thread stopped in `nanosleep` sleeps its whole length: when another

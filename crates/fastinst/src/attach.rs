@@ -14,10 +14,9 @@
 //! and `FASTINST_CONTROL`, the path of the control socket
 //! ([`crate::control`]) it then serves.
 //!
-//! Libraries the process loads while attached have their sleds registered
-//! and probed (the sled watcher); `-finstrument-functions` code in
-//! them keeps calling the C library's no-op hooks, bound before the
-//! attach could bind them.
+//! Libraries the process loads while attached are probed: the sled
+//! watcher registers their sleds and points their `-finstrument-functions`
+//! hook slots at the runtime's hooks (`hookbind`).
 //!
 //! What stays behind after a detach: the mapped library, its trampoline
 //! pages and its idle state. Calls that were being timed when the tool
@@ -150,12 +149,20 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
     // The program's `dlopen` calls were bound before this library came,
     // so none reaches the preload's interposed one: libraries it loads
     // while attached are found by the watcher, ended at the detach.
-    crate::sled::watch();
+    crate::hookbind::mark_mapped();
+    crate::sled::watch_with(modules_loaded);
     std::thread::Builder::new()
         .name("fastinst-control".into())
         .spawn(move || crate::control::serve(listener, control, true))
         .map_err(|e| AttachError::Control(PathBuf::new(), e))?;
     Ok(())
+}
+
+/// The watcher's answer to modules loaded while attached: their sleds
+/// registered, their hook slots bound.
+fn modules_loaded() {
+    crate::sled::load();
+    crate::hookbind::bind_new();
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ mod discovery;
 mod env;
 mod error;
 mod filter;
+mod hookbind;
 mod hookcost;
 pub mod hooks;
 pub mod log;

@@ -68,6 +68,23 @@ pub struct Module {
 }
 
 impl Module {
+    /// The GOT slots this module calls the `-finstrument-functions` hooks
+    /// through, and its RELRO range, from its file; none without one.
+    pub(crate) fn hook_slots(&self) -> providers::hookslots::ModuleSlots {
+        match self
+            .file
+            .as_deref()
+            .map(|b| providers::hookslots::of_file(b, self.bias))
+        {
+            Some(Ok(found)) => found,
+            Some(Err(e)) => {
+                crate::log::debug(format_args!("no hook slots read of {}: {e}", self.path));
+                Default::default()
+            }
+            None => Default::default(),
+        }
+    }
+
     /// Whether it has sites registered up front: sleds, `-pg` sites,
     /// points or XRay sleds.
     pub fn has_sites(&self) -> bool {

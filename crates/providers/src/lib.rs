@@ -28,6 +28,8 @@
 //! - [`points`]: the point probes of Rust code (`fastinst::probe!`),
 //!   recorded with their names.
 //! - [`elf`]: function symbols of an ELF image (goblin), demangled.
+//! - [`hookslots`]: the GOT slots a module calls the
+//!   `-finstrument-functions` hooks through.
 //! - [`sections`]: the lean section-header view start-up reads modules
 //!   through (headers once, names one at a time).
 //! - [`offline`]: the same recognisers over an ELF file on disk (`fastinst
@@ -40,6 +42,7 @@ pub mod decode;
 pub mod elf;
 mod fileimage;
 pub mod finstrument;
+pub mod hookslots;
 pub mod mcount;
 pub mod memory;
 pub mod offline;

@@ -44,10 +44,12 @@ mod watcher;
 pub(crate) use watcher::stop_watching;
 pub use watcher::watch_from_first_dlopen;
 
-/// Starts the thread that registers the sleds of libraries loaded later
-/// (once until a detach ends it; see [`watcher`]).
-pub fn watch() {
-    watcher::watch(load_found);
+/// Starts the thread that looks for libraries loaded later (once until a
+/// detach ends it; see [`watcher`]) and calls `found` when there are: an
+/// attached runtime's, which registers their sleds with [`load`] and
+/// binds their hook slots.
+pub(crate) fn watch_with(found: fn()) {
+    watcher::watch(found);
 }
 
 /// A library is about to be loaded (the interposed `dlopen`).
