@@ -101,7 +101,7 @@ pub struct Session {
     pid: i32,
     sites: Vec<Site>,
     /// The modules mapped at the attach: one mapped since is a library
-    /// loaded while attached, whose sleds the runtime probed.
+    /// loaded while attached, which the runtime probed.
     modules: Vec<maps::Module>,
     /// Hook slots bound to the runtime, with what each held.
     bound: Vec<(bindings::Slot, u64)>,
@@ -383,11 +383,7 @@ fn take_lock(uid: u32, pid: i32) -> Result<Option<std::fs::File>> {
 /// and put back.
 fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
     let modules = maps::modules(maps);
-    let mut files = files::Files::new();
-    let sites = sleds::of_modules(&modules, &mut files)?;
-    let slots = bindings::of_modules(&modules, &mut files)?;
-    let libc_hooks = symbols_in(maps, "libc.so.6", &bindings::HOOKS)?;
-    let bound: Vec<_> = slots.iter().map(|s| (s.clone(), libc_hooks[s.hook])).collect();
+    let found = Found::of(maps, &modules)?;
     let library = maps
         .iter()
         .find(|m| m.path.ends_with(LIBRARY_NAME))
@@ -398,10 +394,10 @@ fn recover(pid: i32, owner: u32, maps: &[maps::Mapping]) -> Result<()> {
     let (_, control) = paths(owner, pid)?;
     let session = Session {
         pid,
-        regions: code::regions(maps, &probed(maps, &modules, &sites, &slots), &mut files),
-        sites,
+        regions: found.regions,
+        sites: found.sites,
         modules,
-        bound,
+        bound: found.bound,
         code_before: Vec::new(),
         control,
         library,
@@ -649,28 +645,13 @@ impl Session {
     /// attach (libraries the process loaded while attached, which it
     /// probed): their sleds and hook slots, read from their files, and
     /// their code. The runtime's own library is not one of them.
-    fn late(&self) -> Result<Late> {
+    fn late(&self) -> Result<Found> {
         let maps = maps::of(self.pid)?;
         let modules: Vec<maps::Module> = maps::modules(&maps)
             .into_iter()
             .filter(|m| !self.modules.contains(m) && m.path != self.library && !m.path.ends_with(LIBRARY_NAME))
             .collect();
-        if modules.is_empty() {
-            return Ok(Late::default());
-        }
-        let mut files = files::Files::new();
-        let sites = sleds::of_modules(&modules, &mut files)?;
-        let slots = bindings::of_modules(&modules, &mut files)?;
-        let regions = code::regions(&maps, &probed(&maps, &modules, &sites, &slots), &mut files);
-        // The loader bound them to the C library's hooks; the runtime
-        // pointed them at its own.
-        let bound = if slots.is_empty() {
-            Vec::new()
-        } else {
-            let libc = symbols_in(&maps, "libc.so.6", &bindings::HOOKS)?;
-            slots.into_iter().map(|s| (s.clone(), libc[s.hook])).collect()
-        };
-        Ok(Late { sites, bound, regions })
+        Found::of(&maps, &modules)
     }
 
     /// Detaches: the runtime stops and writes its reports, then every sled
@@ -700,9 +681,11 @@ impl Session {
         // libraries loaded while attached are all mapped now, and read
         // before any thread stops.
         let late = self.late()?;
-        let sites = joined(&self.sites, &late.sites);
-        let bound = joined(&self.bound, &late.bound);
-        let regions = joined(&self.regions, &late.regions);
+        let (late_sites, late_slots) = (late.sites.len(), late.bound.len());
+        let (mut sites, mut bound, mut regions) = (self.sites, self.bound, self.regions);
+        sites.extend(late.sites);
+        bound.extend(late.bound);
+        regions.extend(late.regions);
         let mem = Mem::open(self.pid)?;
         let mut tries = 0;
         loop {
@@ -816,8 +799,8 @@ impl Session {
                 files,
                 released,
                 sites_checked: sites.len(),
-                late_sites: late.sites.len(),
-                late_slots: late.bound.len(),
+                late_sites,
+                late_slots,
                 slots_restored: bound.len(),
                 code_restored: runs.len(),
                 code_checked: regions.iter().map(|r| r.file.len() as u64).sum(),
@@ -829,21 +812,30 @@ impl Session {
     }
 }
 
-/// See [`Session::late`].
-#[derive(Default)]
-struct Late {
+/// What a runtime may have changed in some modules, found from their
+/// files and the C library: their sleds, their hook slots with the C
+/// library's hooks the loader bound them to, and their code. Of the
+/// modules mapped since the attach ([`Session::late`]), or of all (a
+/// detach on a killed command's behalf, [`recover`]).
+struct Found {
     sites: Vec<Site>,
     bound: Vec<(bindings::Slot, u64)>,
     regions: Vec<code::Region>,
 }
 
-/// `a` then `b`, borrowed where `b` is empty (the usual detach: no library
-/// loaded while attached).
-fn joined<'a, T: Clone>(a: &'a [T], b: &[T]) -> std::borrow::Cow<'a, [T]> {
-    if b.is_empty() {
-        std::borrow::Cow::Borrowed(a)
-    } else {
-        std::borrow::Cow::Owned(a.iter().chain(b).cloned().collect())
+impl Found {
+    fn of(maps: &[maps::Mapping], modules: &[maps::Module]) -> Result<Found> {
+        let mut files = files::Files::new();
+        let sites = sleds::of_modules(modules, &mut files)?;
+        let slots = bindings::of_modules(modules, &mut files)?;
+        let regions = code::regions(maps, &probed(maps, modules, &sites, &slots), &mut files);
+        let bound = if slots.is_empty() {
+            Vec::new()
+        } else {
+            let libc = symbols_in(maps, "libc.so.6", &bindings::HOOKS)?;
+            slots.into_iter().map(|s| (s.clone(), libc[s.hook])).collect()
+        };
+        Ok(Found { sites, bound, regions })
     }
 }
 

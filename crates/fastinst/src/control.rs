@@ -9,9 +9,9 @@
 //!   its next epoch (`samples`, `windows`, `epoch-ms`; all or none), `ok`
 //!   and the settings as they now stand;
 //! - `detach` (attached runs only), two lines: the sled watcher and the
-//!   sampler thread end and every probe goes off, `ok off <tid>` (the thread answering, which
-//!   goes on to write the reports); then the tool writes its reports,
-//!   `ok <files>`, and the socket goes.
+//!   sampler thread end and every probe goes off, `ok off <tid>` (the
+//!   thread answering, which goes on to write the reports); then the tool
+//!   writes its reports, `ok <files>`, and the socket goes.
 //!
 //! An attached runtime serves it from [`crate::attach::start`]; a preloaded
 //! one when its environment names a socket in `FASTINST_CONTROL` (what
@@ -153,9 +153,9 @@ pub(crate) fn serve(listener: UnixListener, path: PathBuf, attached: bool) {
 
 /// Ends the attached run, all but its reports: the sled watcher and the
 /// sampler thread end, every CPU sample event closes, no tool sees a
-/// probe again and every probe goes off (a sled back to its 5-byte NOP; `fastinst attach` then
-/// puts the file's bytes back). The reports are written next, from what
-/// was gathered.
+/// probe again and every probe goes off (a sled back to its 5-byte NOP;
+/// `fastinst attach` then puts the file's bytes back). The reports are
+/// written next, from what was gathered.
 fn switch_off() -> Result<(), String> {
     // First, so no library loaded from here on gets probes.
     crate::sled::stop_watching();

@@ -15,36 +15,29 @@
 //! detach (the command) reads the same slots from the file and puts back
 //! the C library's hooks.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Modules, by index, whose slots are done: bound here, or bound by the
-/// command (mapped at the attach).
-static DONE: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+/// The first module index whose slots are not done (bound here, or by the
+/// command for the modules mapped at the attach): a module read gets the
+/// next index, so every later one is new.
+static FROM: AtomicU32 = AtomicU32::new(0);
 
 /// Marks every module mapped now as done: the attaching command bound
 /// their slots. Called at each attach's start.
 pub(crate) fn mark_mapped() {
-    let mapped: Vec<u32> = crate::discovery::with_state(|s| {
+    let next = crate::discovery::with_state(|s| {
         s.rescan();
-        s.modules.loaded.iter().map(|m| m.index).collect()
+        s.modules.loaded.iter().map(|m| m.index + 1).max().unwrap_or(0)
     });
-    DONE.lock().unwrap_or_else(|e| e.into_inner()).extend(mapped);
+    FROM.fetch_max(next, Ordering::AcqRel);
 }
 
 /// Binds the hook slots of the modules mapped since [`mark_mapped`] to
 /// the runtime's hooks; returns how many slots it bound.
 pub(crate) fn bind_new() -> usize {
-    let new: Vec<_> = crate::discovery::with_state(|s| {
-        let done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-        s.modules
-            .loaded
-            .iter()
-            .filter(|m| !done.contains(&m.index))
-            .cloned()
-            .collect()
-    });
+    let from = FROM.load(Ordering::Acquire);
+    let new: Vec<_> =
+        crate::discovery::with_state(|s| s.modules.loaded.iter().filter(|m| m.index >= from).cloned().collect());
     let hooks = crate::hooks::hooks();
     let mut bound = 0;
     for m in new {
@@ -62,7 +55,7 @@ pub(crate) fn bind_new() -> usize {
             ));
         }
         bound += here;
-        DONE.lock().unwrap_or_else(|e| e.into_inner()).insert(m.index);
+        FROM.fetch_max(m.index + 1, Ordering::AcqRel);
     }
     bound
 }

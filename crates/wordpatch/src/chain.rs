@@ -26,6 +26,48 @@ impl Prev {
     }
 }
 
+/// An `SA_SIGINFO` handler.
+pub(crate) type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Installs `handler` for `sig` (with its `siginfo`, restarting system
+/// calls, on the thread's alternate stack where it has one: a stack
+/// overflow's fault must still reach the handler it chains to), keeping
+/// the disposition it replaces in `prev`. The OS error of a refusal.
+///
+/// # Safety
+/// `handler` is not `sig`'s disposition now (or its install is serialised
+/// by the caller and it does not read `prev` meanwhile): `prev` is written
+/// while no handler of ours reads it.
+pub(crate) unsafe fn install(sig: libc::c_int, handler: Handler, prev: &Prev) -> Result<(), i32> {
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: plain sigaction calls with valid pointers; `prev` is written
+    // before ours is installed (the contract).
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+            return Err(errno());
+        }
+        *prev.get() = old;
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `handler` is `sig`'s disposition now.
+pub(crate) fn is_current(sig: libc::c_int, handler: Handler) -> bool {
+    // SAFETY: query only.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut cur) == 0 && cur.sa_sigaction == handler as *const () as usize
+    }
+}
+
 /// Hands signal `sig` to `prev`: calls its handler, ignores it, or for the
 /// default action restores it and raises the signal again, which takes
 /// effect when the handler returns. A fault (`fault`) is never ignored (its

@@ -34,33 +34,12 @@ pub(crate) fn ensure_installed() {
     if INSTALLED.load(Ordering::Acquire) {
         return;
     }
-    // SAFETY: plain sigaction calls with valid pointers; PREV is written
-    // while our handler is not installed, so no handler reads it meanwhile.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGILL, std::ptr::null(), &mut old) != 0 {
-            return;
-        }
-        *PREV.get() = old;
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigill as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGILL, &sa, std::ptr::null_mut()) != 0 {
-            return;
-        }
+    // SAFETY: PREV is written before our handler is installed (once, under
+    // INSTALL), so no handler reads it meanwhile.
+    if unsafe { crate::chain::install(libc::SIGILL, on_sigill, &PREV) }.is_err() {
+        return;
     }
     INSTALLED.store(true, Ordering::Release);
-}
-
-/// Whether the handler is SIGILL's disposition now.
-pub fn illegal_reporter_is_current() -> bool {
-    // SAFETY: query only.
-    unsafe {
-        let mut cur: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGILL, std::ptr::null(), &mut cur) == 0
-            && cur.sa_sigaction == on_sigill as *const () as usize
-    }
 }
 
 extern "C" fn on_sigill(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

@@ -65,7 +65,6 @@ pub use error::Error;
 pub use finisher::Finisher;
 pub use fork::forks_with_late_child;
 pub use geometry::{is_straddler, line_start, split, CACHE_LINE, MAX_PATCH_LEN, PAGE_SIZE};
-pub use illegal::illegal_reporter_is_current;
 pub use inflight::{diagnose, SlotDiagnosis, SLOTS as MAX_IN_FLIGHT_TABLE};
 pub use line::Line;
 pub use mode::{write_mode, WriteMode};

@@ -53,25 +53,9 @@ pub fn install_fault_handler() -> Result<(), Error> {
     if INSTALLED.load(Ordering::Acquire) && current_is_ours() {
         return Ok(());
     }
-    // SAFETY: plain sigaction calls with valid pointers; PREV is written
-    // while our handler is not the installed one, so no handler reads it
-    // meanwhile.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old) != 0 {
-            return Err(Error::SignalHandler(errno()));
-        }
-        *PREV.get() = old;
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigsegv as *const () as usize;
-        // On the alternate stack where the thread has one: a stack
-        // overflow's fault must still reach the handler it chains to.
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()) != 0 {
-            return Err(Error::SignalHandler(errno()));
-        }
-    }
+    // SAFETY: PREV is written while our handler is not the installed one
+    // (checked above, under INSTALL), so no handler reads it meanwhile.
+    unsafe { crate::chain::install(libc::SIGSEGV, on_sigsegv, &PREV) }.map_err(Error::SignalHandler)?;
     INSTALLED.store(true, Ordering::Release);
     Ok(())
 }
@@ -87,17 +71,8 @@ pub(crate) fn ensure_installed(tracked: fn(usize) -> bool) {
     }
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 fn current_is_ours() -> bool {
-    // SAFETY: query only.
-    unsafe {
-        let mut cur: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut cur) == 0
-            && cur.sa_sigaction == on_sigsegv as *const () as usize
-    }
+    crate::chain::is_current(libc::SIGSEGV, on_sigsegv)
 }
 
 extern "C" fn on_sigsegv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

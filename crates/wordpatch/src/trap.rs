@@ -49,22 +49,9 @@ pub fn install_trap_handler() -> Result<(), Error> {
     if INSTALLED.load(Ordering::Acquire) && current_is_ours() {
         return Ok(());
     }
-    // SAFETY: plain sigaction calls with valid pointers. PREV is written while
-    // our handler is not installed, so no handler reads it concurrently.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut old) != 0 {
-            return Err(Error::SignalHandler(errno()));
-        }
-        *PREV.get() = old;
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigtrap as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut()) != 0 {
-            return Err(Error::SignalHandler(errno()));
-        }
-    }
+    // SAFETY: PREV is written while our handler is not the installed one
+    // (checked above, under INSTALL), so no handler reads it meanwhile.
+    unsafe { crate::chain::install(libc::SIGTRAP, on_sigtrap, &PREV) }.map_err(Error::SignalHandler)?;
     INSTALLED.store(true, Ordering::Release);
     Ok(())
 }
@@ -80,10 +67,6 @@ pub(crate) fn ensure_installed() -> Result<(), Error> {
     }
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 /// Whether the SIGTRAP disposition now is this crate's handler. Another
 /// handler that wants SIGTRAP too (a sampler) may take its place and call
 /// [`install_trap_handler`] again, which then chains to it.
@@ -92,12 +75,7 @@ pub fn trap_handler_is_current() -> bool {
 }
 
 fn current_is_ours() -> bool {
-    // SAFETY: query only.
-    unsafe {
-        let mut cur: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut cur) == 0
-            && cur.sa_sigaction == on_sigtrap as *const () as usize
-    }
+    crate::chain::is_current(libc::SIGTRAP, on_sigtrap)
 }
 
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

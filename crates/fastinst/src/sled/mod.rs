@@ -158,6 +158,23 @@ pub fn stats() -> SledStats {
 /// work(7);
 /// ```
 pub fn load() -> LoadReport {
+    load_with(true)
+}
+
+/// [`load`] for libraries loaded while the program's threads run and
+/// none of them was stopped (an attached runtime's watcher): gcc's
+/// one-byte-NOP sleds are left alone. Normalising one is safe at any
+/// moment, but a thread preempted between two of its NOPs before that
+/// may still be there when the first toggle makes the sled a `call`, and
+/// resume inside it (seen: SIGILL and SIGSEGV under load). At an attach
+/// the command normalises them with every thread stopped and its place
+/// checked; under `LD_PRELOAD` a library `dlopen`ed while threads run
+/// has the same exposure (see docs/limits.md).
+pub(crate) fn load_while_running() -> LoadReport {
+    load_with(false)
+}
+
+fn load_with(one_byte_nops: bool) -> LoadReport {
     let t0 = wordpatch::tsc::now();
     shadow::init();
     unwind::init();
@@ -176,7 +193,7 @@ pub fn load() -> LoadReport {
                 continue;
             }
             report.modules += 1;
-            register_module(s, &m, &mut report);
+            register_module(s, &m, &mut report, one_byte_nops);
         }
         if !report.skipped.is_empty() {
             crate::log::warn(format_args!(
@@ -288,7 +305,7 @@ impl Candidate {
     }
 }
 
-fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
+fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_nops: bool) {
     let mut skip = |why: String| *report.skipped.entry(why).or_default() += 1;
     let mut sleds: Vec<Candidate> = Vec::new();
     {
@@ -302,6 +319,9 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
                 continue;
             }
             match patchable::sled_at(&mem, rec, entry) {
+                Ok(sl) if !one_byte_nops && sl.shape == patchable::SledShape::OneByteNops => {
+                    skip("one-byte NOPs in a library loaded while threads run".into())
+                }
                 Ok(sl) => sleds.push(Candidate {
                     sled: sl,
                     function: func.unwrap_or(entry),
