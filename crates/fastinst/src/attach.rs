@@ -161,7 +161,7 @@ pub fn start(config: &Path) -> Result<(), AttachError> {
 /// The watcher's answer to modules loaded while attached: their sleds
 /// registered, their hook slots bound.
 fn modules_loaded() {
-    crate::sled::load_while_running();
+    crate::sled::load();
     crate::hookbind::bind_new();
 }
 

@@ -168,6 +168,58 @@ fn dlopen_by_name_keeps_the_callers_runpath_and_starts_the_watcher() {
     assert!((3..=5).contains(&entry), "copy registered after dlopen: {text}");
 }
 
+/// gcc's one-byte-NOP sleds of a library `dlopen`ed while more threads
+/// than CPUs run it: the watcher makes each sled one NOP and the count
+/// tool arms it at once, while threads preempted between two of the old
+/// NOPs wait to resume. Each must be moved to its sled's end before the
+/// sled becomes a `call` (here 3 of 6 such runs died by SIGILL, inside the
+/// armed sled, before it was). Every run must print the plain run's
+/// checksum and count the library's functions (its probes were missed
+/// when the watcher, started by this very `dlopen`, read the loader's
+/// module count after the library was in it).
+#[test]
+fn a_gcc_sled_library_dlopened_while_more_threads_than_cpus_run_it() {
+    let dir = scratch("sled-late-threads");
+    let (so, bin, go) = (dir.join("libplugin.so"), dir.join("late_loader"), dir.join("go"));
+    build("gcc", &[&src("plugin.c")], &["-O2", "-fPIC", "-shared", SLED], &so);
+    build(
+        "gcc",
+        &[&src("late_loader.c")],
+        &["-O2", "-pthread", SLED, "-ldl"],
+        &bin,
+    );
+    std::fs::write(&go, "").unwrap();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = (4 * cpus).clamp(8, 64).to_string();
+    let args = [so.to_str().unwrap(), go.to_str().unwrap(), threads.as_str(), "3", "300"];
+    let want = ok_stdout(&run(&bin, &args, &dir, false, &[]), "no preload");
+    let env = [("FASTINST_TOOL", "count"), ("FASTINST_LOG", "info")];
+    let mut moved = 0u64;
+    for k in 0..6 {
+        let o = run(&bin, &args, &dir, true, &env);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(ok_stdout(&o, &format!("run {k}")), want, "run {k}: {err}");
+        let files = count_files(&dir);
+        assert_eq!(files.len(), 1, "{err}");
+        for f in ["plugin_leaf", "plugin_step"] {
+            assert!(
+                calls_of(&files[0], f).unwrap_or(0) > 0,
+                "run {k}: {f} not counted: {err}"
+            );
+        }
+        std::fs::remove_file(&files[0]).unwrap();
+        moved += err
+            .split(" moved to a sled's end")
+            .next()
+            .filter(|head| head.len() < err.len())
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    println!("{moved} threads moved out of a sled in 6 runs");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn eight_threads_while_every_probe_toggles_at_every_split() {
     let dir = scratch("sled-toggle");

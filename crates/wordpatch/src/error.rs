@@ -106,7 +106,16 @@ pub enum Error {
         /// The table's capacity.
         limit: usize,
     },
-    /// Installing the SIGTRAP handler failed.
-    #[error("cannot install the SIGTRAP handler: errno {0}")]
+    /// Installing a signal handler (SIGTRAP's for the INT3 lock, SIGSEGV's,
+    /// or the evacuation's) failed.
+    #[error("cannot install a signal handler: errno {0}")]
     SignalHandler(i32),
+    /// This process's threads could not be listed (`/proc/self/task`), so
+    /// none could be checked by [`evacuate`](crate::evacuate).
+    #[error("cannot list this process's threads in /proc/self/task: errno {0}")]
+    ThreadList(i32),
+    /// Every real-time signal has a disposition already, so none is left
+    /// for [`evacuate`](crate::evacuate) to ask threads where they are.
+    #[error("no real-time signal is left at its default disposition to ask threads where they are")]
+    NoFreeSignal,
 }

@@ -158,23 +158,6 @@ pub fn stats() -> SledStats {
 /// work(7);
 /// ```
 pub fn load() -> LoadReport {
-    load_with(true)
-}
-
-/// [`load`] for libraries loaded while the program's threads run and
-/// none of them was stopped (an attached runtime's watcher): gcc's
-/// one-byte-NOP sleds are left alone. Normalising one is safe at any
-/// moment, but a thread preempted between two of its NOPs before that
-/// may still be there when the first toggle makes the sled a `call`, and
-/// resume inside it (seen: SIGILL and SIGSEGV under load). At an attach
-/// the command normalises them with every thread stopped and its place
-/// checked; under `LD_PRELOAD` a library `dlopen`ed while threads run
-/// has the same exposure (see docs/limits.md).
-pub(crate) fn load_while_running() -> LoadReport {
-    load_with(false)
-}
-
-fn load_with(one_byte_nops: bool) -> LoadReport {
     let t0 = wordpatch::tsc::now();
     shadow::init();
     unwind::init();
@@ -193,7 +176,7 @@ fn load_with(one_byte_nops: bool) -> LoadReport {
                 continue;
             }
             report.modules += 1;
-            register_module(s, &m, &mut report, one_byte_nops);
+            register_module(s, &m, &mut report);
         }
         if !report.skipped.is_empty() {
             crate::log::warn(format_args!(
@@ -252,6 +235,44 @@ fn normalise(addr: u64) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// How long threads get to say where they are after sleds were normalised.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Makes sure no thread is stopped between two of the old one-byte NOPs of
+/// the sleds just normalised at `entries`, before any of them can be armed
+/// as a `call`: a thread found there (preempted mid-sled before the
+/// rewrite) is moved to the sled's end, which is what its NOPs would have
+/// done ([`wordpatch::evacuate`]). Under `LD_PRELOAD` at the start there is
+/// no other thread and nothing is signalled; a library `dlopen`ed while the
+/// program's threads run it needed this (seen: SIGILL with the thread's
+/// instruction pointer inside the armed sled). Why the sleds must not be
+/// armed otherwise.
+fn evacuate(entries: &[u64]) -> std::result::Result<(), String> {
+    let runs: Vec<std::ops::Range<u64>> = entries.iter().map(|&e| e..e + SLED_LEN as u64).collect();
+    // SAFETY: each run is a sled that held five one-byte NOPs and now holds
+    // NORMALISED (or a mix while it was written): from any boundary inside
+    // it, NOPs that end at its end, so a thread may resume there instead.
+    match unsafe { wordpatch::evacuate(&runs, PATIENCE) } {
+        Ok(e) if e.is_complete() => {
+            if e.signalled > 0 {
+                crate::log::info(format_args!(
+                    "{} sleds made one NOP while {} threads ran: {} asked where they were, {} moved to a sled's end",
+                    entries.len(),
+                    e.threads,
+                    e.signalled,
+                    e.moved
+                ));
+            }
+            Ok(())
+        }
+        Ok(e) => Err(format!(
+            "threads {:?} could not be checked (they block the signal, or did not answer within {PATIENCE:?})",
+            e.unchecked
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A site about to become a sled: a `-fpatchable-function-entry` sled
 /// as validated, a `-pg` site as it will be once rewritten, or a point.
 struct Candidate {
@@ -305,7 +326,7 @@ impl Candidate {
     }
 }
 
-fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_nops: bool) {
+fn register_module(s: &mut State, m: &Module, report: &mut LoadReport) {
     let mut skip = |why: String| *report.skipped.entry(why).or_default() += 1;
     let mut sleds: Vec<Candidate> = Vec::new();
     {
@@ -319,9 +340,6 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_
                 continue;
             }
             match patchable::sled_at(&mem, rec, entry) {
-                Ok(sl) if !one_byte_nops && sl.shape == patchable::SledShape::OneByteNops => {
-                    skip("one-byte NOPs in a library loaded while threads run".into())
-                }
                 Ok(sl) => sleds.push(Candidate {
                     sled: sl,
                     function: func.unwrap_or(entry),
@@ -407,6 +425,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_
             crate::log::debug(format_args!("sled extent of {} not writable at once: {e}", m.path));
         }
     }
+    let mut normalised: Vec<u64> = Vec::new();
     sleds.retain(|c| {
         let sl = &c.sled;
         if let Prep::XrayTail = c.prep {
@@ -441,6 +460,7 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_
         match normalise(sl.entry) {
             Ok(()) => {
                 report.normalised += 1;
+                normalised.push(sl.entry);
                 true
             }
             Err(e) => {
@@ -450,6 +470,20 @@ fn register_module(s: &mut State, m: &Module, report: &mut LoadReport, one_byte_
             }
         }
     });
+    if !normalised.is_empty() {
+        if let Err(why) = evacuate(&normalised) {
+            crate::log::warn(format_args!(
+                "{} sleds of {} made one NOP but not probed: {why}",
+                normalised.len(),
+                m.path
+            ));
+            let left: std::collections::HashSet<u64> = normalised.into_iter().collect();
+            sleds.retain(|c| !left.contains(&c.sled.entry));
+            for _ in 0..left.len() {
+                skip("a thread could not be checked out of it".into());
+            }
+        }
+    }
     if sleds.is_empty() {
         return;
     }

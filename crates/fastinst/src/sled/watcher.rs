@@ -66,20 +66,22 @@ pub(crate) fn stop_watching() {
 }
 
 fn spawn(load: fn()) -> Option<JoinHandle<()>> {
+    // Read before the thread exists: the interposed `dlopen` starts it
+    // just before the loader runs, and a count read by the new thread
+    // could already hold that very library, which would then never be
+    // looked at.
+    let mut seen = crate::modules::load_count();
     let r = std::thread::Builder::new()
         .name("fastinst-sleds".into())
-        .spawn(move || {
-            let mut seen = crate::modules::load_count();
-            loop {
-                std::thread::park_timeout(PERIOD);
-                if STOP.load(Ordering::Acquire) {
-                    return;
-                }
-                let n = crate::modules::load_count();
-                if n != seen {
-                    seen = n;
-                    let _ = std::panic::catch_unwind(load);
-                }
+        .spawn(move || loop {
+            std::thread::park_timeout(PERIOD);
+            if STOP.load(Ordering::Acquire) {
+                return;
+            }
+            let n = crate::modules::load_count();
+            if n != seen {
+                seen = n;
+                let _ = std::panic::catch_unwind(load);
             }
         });
     match r {
