@@ -129,12 +129,14 @@ pub unsafe fn evacuate(runs: &[Range<u64>], patience: Duration) -> Result<Evacua
             Place::Outside | Place::Gone => continue,
             Place::Unknown => {}
         }
-        if blocks(tid, &mut signal)? {
+        if signal == 0 {
+            signal = ensure_handler()?;
+        }
+        if blocks(tid, signal) {
             waiting.push((tid, None));
             continue;
         }
         if number == 0 {
-            signal = ensure_handler()?;
             number = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
             let published = Box::leak(Box::new(Runs {
                 number,
@@ -261,24 +263,17 @@ fn interior_end(runs: &[(u64, u64)], pc: u64) -> Option<u64> {
     (pc < end).then_some(end)
 }
 
-/// Whether thread `tid` blocks `signal` (0: none chosen yet, so the one
-/// [`choose`] would take). Its `SigBlk` line in `/proc`.
-fn blocks(tid: i32, signal: &mut i32) -> Result<bool, Error> {
-    if *signal == 0 {
-        *signal = match SIGNAL.load(Ordering::Acquire) {
-            0 => choose().ok_or(Error::NoFreeSignal)?,
-            s => s,
-        };
-    }
-    let status = match std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) {
-        Ok(s) => s,
-        Err(_) => return Ok(false),
+/// Whether thread `tid` blocks `signal`: its `SigBlk` line in `/proc` (an
+/// unreadable one is taken for no: the wait then tells).
+fn blocks(tid: i32, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
+        return false;
     };
-    Ok(status
+    status
         .lines()
         .find_map(|l| l.strip_prefix("SigBlk:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1u64 << (*signal - 1)) != 0))
+        .is_some_and(|mask| mask & (1u64 << (signal - 1)) != 0)
 }
 
 /// The highest real-time signal at its default disposition.
