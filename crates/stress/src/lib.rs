@@ -8,7 +8,9 @@
 //! toggles it with a [`Method`], recording how many toggles overlapped
 //! executor progress; [`run_forked`] runs a trial in a forked child so a
 //! crash is a counted failure; [`run_config`] aggregates trials into
-//! `N toggles, F failures`. The `fastinst-stress` binary drives it all; the
+//! `N toggles, F failures`. [`run_sleds_forked`] stresses the other
+//! rewrite: gcc's sleds made one instruction while threads run them, the
+//! threads checked out of them, then armed. The `fastinst-stress` binary drives it all; the
 //! integration tests and (later) `calibrate` call that binary.
 #![warn(missing_docs)]
 
@@ -18,6 +20,7 @@ mod crash;
 mod fetch;
 mod fixture;
 mod method;
+mod sleds;
 pub mod ticks;
 mod trial;
 
@@ -26,4 +29,5 @@ pub use crash::set_report_fd;
 pub use fetch::Fetch;
 pub use fixture::{Fixture, Place, NOP5, REL_A};
 pub use method::{Method, Toggler};
+pub use sleds::{run_sleds_forked, SledOutcome, SledSpec, SledStats};
 pub use trial::{run_forked, run_trial, Outcome, TrialSpec, TrialStats};

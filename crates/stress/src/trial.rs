@@ -207,20 +207,54 @@ impl Outcome {
 /// single-threaded process (the stress binary): the child starts its own
 /// executor threads.
 pub fn run_forked(spec: &TrialSpec) -> Outcome {
+    match in_child(spec.max_time + Duration::from_secs(30), |progress| {
+        run_trial_reporting(spec, Some(progress)).map(TrialStats::to_words)
+    }) {
+        Forked::Completed(w) => Outcome::Completed(TrialStats::from_words(w)),
+        Forked::Crashed { signal, progress } => Outcome::Crashed {
+            signal,
+            toggles: progress,
+        },
+        Forked::Hung { progress } => Outcome::Hung { toggles: progress },
+        Forked::Error(e) => Outcome::Error(e),
+    }
+}
+
+/// How a child of [`in_child`] ended.
+pub(crate) enum Forked<const N: usize> {
+    /// It returned its words.
+    Completed([u64; N]),
+    /// It died of `signal` after reporting `progress`.
+    Crashed { signal: i32, progress: u64 },
+    /// It was killed at the limit after reporting `progress`.
+    Hung { progress: u64 },
+    /// It failed before reporting.
+    Error(String),
+}
+
+/// Runs `child` in a forked child, which publishes its progress in memory
+/// shared with this process (so a crash still says how far it got) and
+/// returns N words through a pipe; kills it after `limit`. Call from a
+/// single-threaded process: the child's copy of the heap and locks must be
+/// consistent.
+pub(crate) fn in_child<const N: usize>(
+    limit: Duration,
+    child: impl FnOnce(&AtomicU64) -> Result<[u64; N], String>,
+) -> Forked<N> {
     let shared = match SharedCounter::new() {
         Ok(c) => c,
-        Err(e) => return Outcome::Error(format!("mmap: {e}")),
+        Err(e) => return Forked::Error(format!("mmap: {e}")),
     };
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two fds into the array.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Outcome::Error(format!("pipe: {}", std::io::Error::last_os_error()));
+        return Forked::Error(format!("pipe: {}", std::io::Error::last_os_error()));
     }
-    // SAFETY: the harness calls this from a single-threaded process, so the
-    // child's copy of the heap and locks is consistent.
+    // SAFETY: the caller is single-threaded, so the child's copy of the
+    // heap and locks is consistent.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Outcome::Error(format!("fork: {}", std::io::Error::last_os_error()));
+        return Forked::Error(format!("fork: {}", std::io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: child: close the read end, report through the write end,
@@ -228,10 +262,9 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         unsafe {
             libc::close(fds[0]);
             crate::crash::install();
-            let code = match run_trial_reporting(spec, Some(shared.get())) {
-                Ok(st) => {
-                    let w = st.to_words();
-                    let bytes = std::slice::from_raw_parts(w.as_ptr() as *const u8, FIELDS * 8);
+            let code = match child(shared.get()) {
+                Ok(w) => {
+                    let bytes = std::slice::from_raw_parts(w.as_ptr() as *const u8, N * 8);
                     libc::write(fds[1], bytes.as_ptr() as *const libc::c_void, bytes.len());
                     0
                 }
@@ -245,7 +278,6 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
     }
     // SAFETY: parent closes its copy of the write end.
     unsafe { libc::close(fds[1]) };
-    let limit = spec.max_time + Duration::from_secs(30);
     let t0 = Instant::now();
     let mut status = 0i32;
     let hung = loop {
@@ -264,7 +296,7 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
         }
         std::thread::sleep(Duration::from_millis(2));
     };
-    let mut buf = [0u8; FIELDS * 8];
+    let mut buf = vec![0u8; N * 8];
     let mut got = 0;
     while got < buf.len() {
         // SAFETY: reading into our buffer from our pipe end.
@@ -276,27 +308,27 @@ pub fn run_forked(spec: &TrialSpec) -> Outcome {
     }
     // SAFETY: closing our pipe end.
     unsafe { libc::close(fds[0]) };
-    let toggles = shared.get().load(Ordering::Relaxed);
+    let progress = shared.get().load(Ordering::Relaxed);
     if hung {
-        return Outcome::Hung { toggles };
+        return Forked::Hung { progress };
     }
     if libc::WIFSIGNALED(status) {
-        return Outcome::Crashed {
+        return Forked::Crashed {
             signal: libc::WTERMSIG(status),
-            toggles,
+            progress,
         };
     }
     if got != buf.len() || libc::WEXITSTATUS(status) != 0 {
-        return Outcome::Error(format!(
+        return Forked::Error(format!(
             "child exited with {} before reporting",
             libc::WEXITSTATUS(status)
         ));
     }
-    let mut w = [0u64; FIELDS];
+    let mut w = [0u64; N];
     for (i, c) in buf.chunks_exact(8).enumerate() {
         w[i] = u64::from_le_bytes(c.try_into().expect("8 bytes"));
     }
-    Outcome::Completed(TrialStats::from_words(w))
+    Forked::Completed(w)
 }
 
 /// A counter in a shared anonymous page: written by the forked child, read by

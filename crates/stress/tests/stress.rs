@@ -25,16 +25,21 @@ struct Run {
 }
 
 fn stress(args: &[&str]) -> Run {
+    stress_command("run", args)
+}
+
+/// `fastinst-stress COMMAND ARGS`, one at a time (see [`stress`]).
+fn stress_command(command: &str, args: &[&str]) -> Run {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let long = std::env::var_os("FASTINST_STRESS_LONG").is_some();
+    let long = std::env::var_os("FASTINST_STRESS_LONG").is_some() && command == "run";
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fastinst-stress"));
-    cmd.arg("run").args(args);
+    cmd.arg(command).args(args);
     if long && !args.contains(&"--expect-failure") {
         cmd.arg("--long");
     }
     // The long mode runs for as long as it is asked to.
     let limit = if long { Duration::from_secs(6 * 3600) } else { LIMIT };
-    let out = testkit::output_within(cmd, limit, &format!("fastinst-stress run {}", args.join(" ")));
+    let out = testkit::output_within(cmd, limit, &format!("fastinst-stress {command} {}", args.join(" ")));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     // Shown with --nocapture and on failure: the `N toggles, F failures` lines.
     println!("{stdout}");
@@ -365,5 +370,39 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
         ],
         4,
         "two plain stores through the alias",
+    );
+}
+
+/// gcc's sleds (five one-byte NOPs) made one NOP while more threads than
+/// CPUs run them, the threads checked out of them (`wordpatch::evacuate`),
+/// then armed and put back, round after round, each trial a forked child:
+/// no failure, and threads were found inside a sled and moved out (the
+/// case under test arose). Without the check the control must fail: a
+/// preempted thread resumes inside the armed `call`.
+#[test]
+fn sleds_made_one_nop_among_running_threads_are_armed_only_once_they_are_out() {
+    let run = stress_command("sleds", &["--trials", "3", "--seconds", "1"]);
+    assert!(run.success, "failures with the threads checked:\n{}", run.stdout);
+    let number_before = |what: &str| -> u64 {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no `{what}`"));
+        let head = &line[..line.find(what).unwrap()];
+        head.rsplit(' ').find(|w| !w.is_empty()).unwrap().parse().unwrap()
+    };
+    let rounds = number_before(" rounds of ");
+    let moved = number_before(" threads moved out of a sled");
+    assert!(rounds >= 10, "{rounds} rounds");
+    assert!(
+        moved > 0,
+        "no thread was ever inside a sled: the case was not exercised"
+    );
+    let control = stress_command("sleds", &["--trials", "6", "--seconds", "1", "--no-evacuate"]);
+    assert!(
+        control.success,
+        "arming without the check never failed:\n{}",
+        control.stdout
     );
 }

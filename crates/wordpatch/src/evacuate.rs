@@ -114,54 +114,38 @@ pub unsafe fn evacuate(runs: &[Range<u64>], patience: Duration) -> Result<Evacua
     let mut sorted: Vec<(u64, u64)> = runs.iter().map(|r| (r.start, r.end)).collect();
     sorted.sort_unstable();
     let tids = threads().map_err(Error::ThreadList)?;
+    let others: Vec<i32> = tids.into_iter().filter(|&t| t != me).collect();
     let mut out = Evacuation {
-        threads: tids.iter().filter(|&&t| t != me).count(),
+        threads: others.len(),
         ..Evacuation::default()
     };
     let moved_before = MOVED.load(Ordering::Relaxed);
-    let mut number = 0u32;
-    let mut signal = 0;
-    // Threads to hear from: (tid, slot) of those signalled, and those that
-    // block the signal, to be read again until they are seen in the kernel.
-    let mut waiting: Vec<(i32, Option<usize>)> = Vec::new();
-    for &tid in tids.iter().filter(|&&t| t != me) {
-        match place(tid, &sorted) {
-            Place::Outside | Place::Gone => continue,
-            Place::Unknown => {}
-        }
-        if signal == 0 {
-            signal = ensure_handler()?;
-        }
-        if blocks(tid, signal) {
-            waiting.push((tid, None));
-            continue;
-        }
-        if number == 0 {
-            number = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
+    let unknown: Vec<i32> = others
+        .into_iter()
+        .filter(|&t| place(t, &sorted) == Place::Unknown)
+        .collect();
+    if !unknown.is_empty() {
+        let signal = ensure_handler()?;
+        for batch in unknown.chunks(SLOTS) {
+            let number = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
             let published = Box::leak(Box::new(Runs {
                 number,
                 runs: sorted.clone().into_boxed_slice(),
             }));
             RUNS.store(published, Ordering::Release);
-        }
-        let slot = out.signalled % SLOTS;
-        if out.signalled > 0 && slot == 0 {
-            // A full batch: hear from it before the slots are used again.
-            wait_for(&mut waiting, number, &sorted, Instant::now() + patience);
-            out.unchecked.extend(waiting.drain(..).map(|(t, _)| t));
-        }
-        ACKS[slot].store(0, Ordering::Relaxed);
-        match send(pid, tid, signal, number, slot) {
-            Ok(()) => {
-                out.signalled += 1;
-                waiting.push((tid, Some(slot)));
-            }
-            Err(libc::ESRCH) => {}
-            Err(_) => waiting.push((tid, None)),
+            let mut asking = Asking {
+                pid,
+                signal,
+                number,
+                runs: &sorted,
+                waiting: batch.iter().map(|&t| (t, None)).collect(),
+                signalled: 0,
+            };
+            asking.until(Instant::now() + patience);
+            out.signalled += asking.signalled;
+            out.unchecked.extend(asking.waiting.iter().map(|&(t, _)| t));
         }
     }
-    wait_for(&mut waiting, number, &sorted, Instant::now() + patience);
-    out.unchecked.extend(waiting.iter().map(|&(t, _)| t));
     out.moved = MOVED.load(Ordering::Relaxed) - moved_before;
     Ok(out)
 }
@@ -200,21 +184,61 @@ impl Drop for Busy {
     }
 }
 
-/// Waits until every thread in `waiting` answered evacuation `number` (its
-/// slot) or was seen in the kernel outside the runs, or `deadline`;
-/// leaves those not heard from in `waiting`.
-fn wait_for(waiting: &mut Vec<(i32, Option<usize>)>, number: u32, runs: &[(u64, u64)], deadline: Instant) {
-    let mut nap = Duration::from_micros(20);
-    loop {
-        waiting.retain(|&(tid, slot)| {
-            let answered = slot.is_some_and(|k| ACKS[k].load(Ordering::Acquire) == number);
-            !answered && place(tid, runs) == Place::Unknown
-        });
-        if waiting.is_empty() || Instant::now() >= deadline {
-            return;
+/// One batch of threads asked where they are, each with its slot once sent
+/// the signal.
+struct Asking<'a> {
+    pid: i32,
+    signal: i32,
+    number: u32,
+    runs: &'a [(u64, u64)],
+    /// Threads not heard from yet, with their slot once signalled.
+    waiting: Vec<(i32, Option<usize>)>,
+    signalled: usize,
+}
+
+impl Asking<'_> {
+    /// Signals every waiting thread that does not block the signal (a thread
+    /// being created blocks every signal for a moment, so those are tried
+    /// again), and waits until each answered, was seen in the kernel outside
+    /// the runs, or ended, or `deadline`; leaves those not heard from in
+    /// `waiting`.
+    fn until(&mut self, deadline: Instant) {
+        let mut nap = Duration::from_micros(20);
+        loop {
+            for (k, (ack, w)) in ACKS.iter().zip(self.waiting.iter_mut()).enumerate() {
+                let (tid, slot) = *w;
+                if tid == 0 || slot.is_some() || blocks(tid, self.signal) {
+                    continue;
+                }
+                ack.store(0, Ordering::Relaxed);
+                // A failure is an ended thread (`place` says so below) or a
+                // full queue (EAGAIN): tried again next time.
+                if send(self.pid, tid, self.signal, self.number, k).is_ok() {
+                    self.signalled += 1;
+                    w.1 = Some(k);
+                }
+            }
+            // Answered, seen outside, or ended: marked, not removed, so
+            // the slots stay the threads' indices.
+            let mut left = 0;
+            for w in &mut self.waiting {
+                if w.0 == 0 {
+                    continue;
+                }
+                let answered = w.1.is_some_and(|k| ACKS[k].load(Ordering::Acquire) == self.number);
+                if answered || place(w.0, self.runs) != Place::Unknown {
+                    w.0 = 0;
+                } else {
+                    left += 1;
+                }
+            }
+            if left == 0 || Instant::now() >= deadline {
+                self.waiting.retain(|w| w.0 != 0);
+                return;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
         }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(Duration::from_millis(2));
     }
 }
 

@@ -15,6 +15,10 @@ usage: fastinst-stress <command> [options]
 commands:
   run     stress: executor threads run a site at each split while one patcher
           toggles it; each trial in a forked child; prints `N toggles, F failures`
+  sleds   gcc sleds (five one-byte NOPs) made one NOP while more threads than
+          CPUs run them, the threads checked out of them (wordpatch::evacuate),
+          then armed and put back, round after round; each trial in a forked
+          child; prints `N rounds, F failures`
   demo    toggle a live call site while threads run it, print what they saw
   bench   ticks per operation (median, p90) for every mode and split
 
@@ -40,6 +44,13 @@ run options:
                       a writable alias (wordpatch::WriteMode::Alias)
   --expect-failure    negative control: succeed only if every configuration
                       fails, stopping each at its first failure
+sleds options:
+  --functions N       sleds in the page, at every line offset (default 64)
+  --executors N       executor threads (default: 4 x cores, at least 8)
+  --trials N          trials (default 3)
+  --seconds F         seconds per trial (default 1.0)
+  --no-evacuate       negative control: arm without checking the threads
+                      out; succeeds only if some trial fails
 bench options:
   --quick             fewer repetitions
 ";
@@ -202,6 +213,73 @@ fn cmd_run(args: &[String]) -> Result<bool, String> {
     }
     println!("total: {total_toggles} toggles, {total_failures} failures");
     Ok(all_ok)
+}
+
+fn cmd_sleds(args: &[String]) -> Result<bool, String> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let mut spec = stress::SledSpec {
+        functions: 64,
+        executors: (4 * cores).max(8),
+        max_rounds: u64::MAX,
+        max_time: Duration::from_secs(1),
+        evacuate: true,
+    };
+    let mut trials = 3u64;
+    let mut argv = Argv::new(args);
+    while let Some(item) = argv.next_item() {
+        match item {
+            Item::Opt(n @ "--functions", i) => spec.functions = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--executors", i) => spec.executors = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--trials", i) => trials = argv.parsed(n, i, "a count")?,
+            Item::Opt(n @ "--seconds", i) => {
+                spec.max_time = Duration::from_secs_f64(argv.parsed(n, i, "a number of seconds")?)
+            }
+            Item::Opt("--no-evacuate", None) => spec.evacuate = false,
+            Item::Opt(other, _) => return Err(ArgError::unknown(other).into()),
+            Item::Positional(p) => return Err(format!("unexpected argument `{p}`")),
+            Item::EndOfOptions => {}
+        }
+    }
+    if spec.executors == 0 || trials == 0 {
+        return Err("--executors and --trials must be at least 1".into());
+    }
+    println!(
+        "sleds on {}: {} sleds, {} executors on {cores} CPUs, {trials} trials of {:.1} s, threads {}checked out before arming",
+        cpu_model(),
+        spec.functions,
+        spec.executors,
+        spec.max_time.as_secs_f64(),
+        if spec.evacuate { "" } else { "NOT " }
+    );
+    let (mut rounds, mut failures, mut moved, mut calls, mut armed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for t in 0..trials {
+        let o = stress::run_sleds_forked(&spec);
+        println!("  trial {t}: {o:?}");
+        match o {
+            stress::SledOutcome::Completed(s) => {
+                rounds += s.rounds;
+                moved += s.moved;
+                calls += s.calls;
+                armed += s.armed;
+                failures += u64::from(s.bad > 0 || s.unchecked > 0);
+            }
+            stress::SledOutcome::Crashed { rounds: r, .. } | stress::SledOutcome::Hung { rounds: r } => {
+                rounds += r;
+                failures += 1;
+            }
+            stress::SledOutcome::Error(e) => return Err(e),
+        }
+    }
+    println!("{calls} calls, {armed} of them through an armed sled; {moved} threads moved out of a sled");
+    println!(
+        "sleds: {rounds} rounds of {} sleds, {failures} failures",
+        spec.functions
+    );
+    Ok(if spec.evacuate {
+        failures == 0 && rounds > 0
+    } else {
+        failures > 0
+    })
 }
 
 fn cmd_demo() -> Result<bool, String> {
@@ -405,6 +483,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("run") => cmd_run(&args[1..]),
+        Some("sleds") => cmd_sleds(&args[1..]),
         Some("demo") => cmd_demo(),
         Some("bench") => cmd_bench(&args[1..]),
         Some("--help" | "-h" | "help") => {
