@@ -42,6 +42,9 @@ pub struct SledSpec {
     pub max_time: Duration,
     /// Check the threads out of the sleds before arming them.
     pub evacuate: bool,
+    /// W^X: the page stays read+execute and is written through an alias
+    /// ([`wordpatch::WriteMode::Alias`], the attach's default).
+    pub wx: bool,
 }
 
 /// What a run of rounds that did not crash measured.
@@ -160,6 +163,9 @@ impl Page {
             }
         }
         wordpatch::make_writable(base, len).map_err(|e| e.to_string())?;
+        if wordpatch::write_mode() == wordpatch::WriteMode::Alias && wordpatch::aliased_bytes() == 0 {
+            return Err("W^X asked for, and the page is not aliased".into());
+        }
         Ok(Page { base, functions })
     }
 
@@ -203,6 +209,9 @@ impl Page {
 /// Runs the rounds in this process, publishing the round count to
 /// `progress`.
 fn run_sleds(spec: &SledSpec, progress: &AtomicU64) -> Result<SledStats, String> {
+    if spec.wx {
+        wordpatch::set_write_mode(wordpatch::WriteMode::Alias);
+    }
     let page = Arc::new(Page::new(spec.functions)?);
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();

@@ -377,7 +377,8 @@ fn wx_protocols_are_clean_and_its_tears_are_caught() {
 /// CPUs run them, the threads checked out of them (`wordpatch::evacuate`),
 /// then armed and put back, round after round, each trial a forked child:
 /// no failure, and threads were found inside a sled and moved out (the
-/// case under test arose). Without the check the control must fail: a
+/// case under test arose); and once under W^X (the attach's default).
+/// Without the check the control must fail: a
 /// preempted thread resumes inside the armed `call`.
 #[test]
 fn sleds_made_one_nop_among_running_threads_are_armed_only_once_they_are_out() {
@@ -399,6 +400,8 @@ fn sleds_made_one_nop_among_running_threads_are_armed_only_once_they_are_out() {
         moved > 0,
         "no thread was ever inside a sled: the case was not exercised"
     );
+    let wx = stress_command("sleds", &["--trials", "1", "--seconds", "1", "--wx"]);
+    assert!(wx.success, "failures under W^X:\n{}", wx.stdout);
     let control = stress_command("sleds", &["--trials", "6", "--seconds", "1", "--no-evacuate"]);
     assert!(
         control.success,

@@ -51,6 +51,8 @@ sleds options:
   --seconds F         seconds per trial (default 1.0)
   --no-evacuate       negative control: arm without checking the threads
                       out; succeeds only if some trial fails
+  --wx                W^X: the page is read+execute only and written through
+                      an alias
 bench options:
   --quick             fewer repetitions
 ";
@@ -223,6 +225,7 @@ fn cmd_sleds(args: &[String]) -> Result<bool, String> {
         max_rounds: u64::MAX,
         max_time: Duration::from_secs(1),
         evacuate: true,
+        wx: false,
     };
     let mut trials = 3u64;
     let mut argv = Argv::new(args);
@@ -235,6 +238,7 @@ fn cmd_sleds(args: &[String]) -> Result<bool, String> {
                 spec.max_time = Duration::from_secs_f64(argv.parsed(n, i, "a number of seconds")?)
             }
             Item::Opt("--no-evacuate", None) => spec.evacuate = false,
+            Item::Opt("--wx", None) => spec.wx = true,
             Item::Opt(other, _) => return Err(ArgError::unknown(other).into()),
             Item::Positional(p) => return Err(format!("unexpected argument `{p}`")),
             Item::EndOfOptions => {}
@@ -244,12 +248,13 @@ fn cmd_sleds(args: &[String]) -> Result<bool, String> {
         return Err("--executors and --trials must be at least 1".into());
     }
     println!(
-        "sleds on {}: {} sleds, {} executors on {cores} CPUs, {trials} trials of {:.1} s, threads {}checked out before arming",
+        "sleds on {}: {} sleds, {} executors on {cores} CPUs, {trials} trials of {:.1} s, threads {}checked out before arming{}",
         cpu_model(),
         spec.functions,
         spec.executors,
         spec.max_time.as_secs_f64(),
-        if spec.evacuate { "" } else { "NOT " }
+        if spec.evacuate { "" } else { "NOT " },
+        if spec.wx { ", W^X" } else { "" }
     );
     let (mut rounds, mut failures, mut moved, mut calls, mut armed) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for t in 0..trials {
