@@ -260,18 +260,15 @@ fn cmd_sleds(args: &[String]) -> Result<bool, String> {
     for t in 0..trials {
         let o = stress::run_sleds_forked(&spec);
         println!("  trial {t}: {o:?}");
+        failures += u64::from(o.is_failure());
         match o {
             stress::SledOutcome::Completed(s) => {
                 rounds += s.rounds;
                 moved += s.moved;
                 calls += s.calls;
                 armed += s.armed;
-                failures += u64::from(s.bad > 0 || s.unchecked > 0);
             }
-            stress::SledOutcome::Crashed { rounds: r, .. } | stress::SledOutcome::Hung { rounds: r } => {
-                rounds += r;
-                failures += 1;
-            }
+            stress::SledOutcome::Crashed { rounds: r, .. } | stress::SledOutcome::Hung { rounds: r } => rounds += r,
             stress::SledOutcome::Error(e) => return Err(e),
         }
     }
