@@ -31,8 +31,9 @@ docs/attach.md.
 options:
   --duration S      seconds to stay attached (default: until Ctrl-C)
   and those of `fastinst run` that configure the runtime: --tool, --out,
-  --samples, --epoch-ms, --windows, --density, --no-cpu, --functions, --exclude,
-  --modules, --min-duration, --depth, --inlined, --strategy, --log, --lib
+  --samples, --epoch-ms, --windows, --density, --share, --no-cpu,
+  --functions, --exclude, --modules, --min-duration, --depth, --inlined,
+  --strategy, --log, --lib
   (not --signal, --client or --print)
   --no-wx           patch code in place (pages read+write+execute) instead
                     of through a writable alias (W^X, the default here)

@@ -24,7 +24,9 @@ commands:
                     epoch, all or none: samples=2..1000 (calls timed per
                     function an epoch), windows=1..64 (counting windows per
                     function an epoch), density=1..1000 (counting hooks per
-                    1,000 ticks the open windows may run), epoch-ms=1..1000;
+                    1,000 ticks the open windows may run), share=1..90 (the
+                    percent of the CPU time the profiler holds itself to),
+                    epoch-ms=1..1000;
                     answers with the
                     settings as they now stand
   detach            only for `fastinst attach`'s socket, and only through

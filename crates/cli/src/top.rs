@@ -163,6 +163,7 @@ fn takes_value(name: &str) -> bool {
             | "--epoch-ms"
             | "--windows"
             | "--density"
+            | "--share"
             | "--functions"
             | "--exclude"
             | "--modules"

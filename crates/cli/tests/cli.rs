@@ -827,6 +827,8 @@ fn every_run_option_reaches_the_runtime() {
             "3",
             "--density",
             "15",
+            "--share",
+            "25",
             "--no-cpu",
             "--inlined",
             "--out",
@@ -848,6 +850,7 @@ fn every_run_option_reaches_the_runtime() {
     assert_eq!(s["epoch_ms"].as_f64(), Some(5.0), "{s}");
     assert_eq!(s["windows"].as_u64(), Some(3), "{s}");
     assert_eq!(s["density"].as_u64(), Some(15), "{s}");
+    assert_eq!(s["share"].as_u64(), Some(25), "{s}");
     assert_eq!(s["inlined"].as_bool(), Some(true), "{s}");
     assert_eq!(s["cpu_samples"].as_bool(), Some(false), "{s}");
     assert!(j["cpu"].is_null(), "no CPU samples were asked for");

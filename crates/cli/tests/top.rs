@@ -139,10 +139,13 @@ fn ctl_asks_a_running_program_for_status_snapshot_and_reports() {
     let o = fastinst(&["ctl", "--socket", s, "set", "samples=40", "windows=0"], &dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
     assert!(text(&o.stdout).contains("out of bounds"), "{}", text(&o.stdout));
-    let o = fastinst(&["ctl", "--socket", s, "set", "samples=40", "epoch-ms=20"], &dir);
+    let o = fastinst(
+        &["ctl", "--socket", s, "set", "samples=40", "epoch-ms=20", "share=30"],
+        &dir,
+    );
     assert_eq!(
         text(&o.stdout).trim(),
-        "ok samples=40 windows=2 density=20 epoch-ms=20",
+        "ok samples=40 windows=2 density=20 share=30 epoch-ms=20",
         "{}",
         text(&o.stderr)
     );
@@ -152,9 +155,15 @@ fn ctl_asks_a_running_program_for_status_snapshot_and_reports() {
         (
             &r["settings"]["samples_per_window"],
             &r["settings"]["epoch_ms"],
+            &r["settings"]["share"],
             &r["settings"]["changed"]
         ),
-        (&serde_json::json!(40), &serde_json::json!(20.0), &serde_json::json!(1)),
+        (
+            &serde_json::json!(40),
+            &serde_json::json!(20.0),
+            &serde_json::json!(30),
+            &serde_json::json!(1)
+        ),
         "{}",
         r["settings"]
     );

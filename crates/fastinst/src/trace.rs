@@ -641,6 +641,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             inlined: t.inlined,
             windows: 0,
             density: 0,
+            share: 0,
             cpu_samples: false,
             drawn: false,
             changed: 0,

@@ -191,6 +191,7 @@ mod tests {
                 inlined: true,
                 windows: 3,
                 density: 20,
+                share: 20,
                 cpu_samples: true,
                 drawn: true,
                 changed: 0,

@@ -406,6 +406,12 @@ pub struct SettingsOut {
     /// reports written before the setting existed and in traces.
     #[serde(default)]
     pub density: u32,
+    /// The share of the threads' CPU time, in percent, the profiler held
+    /// itself to by timing fewer calls (`FASTINST_PROFILE_SHARE`; see
+    /// [`SettingsOut::timing_scale`]); 0 in reports written before the
+    /// setting existed (which held 40) and in traces.
+    #[serde(default)]
+    pub share: u32,
     /// Whether CPU samples were asked for (`FASTINST_PROFILE_CPU`); false
     /// in reports before schema 3 and in traces.
     #[serde(default)]
@@ -722,8 +728,9 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             if r.settings.timing_scale < 0.995 {
                 writeln!(
                     s,
-                    "timing: {:.1}% of those calls on average, to hold the profiler's share of the program's CPU time (docs/profiler.md)",
-                    100.0 * r.settings.timing_scale
+                    "timing: {:.1}% of those calls on average, to hold the profiler's share of the program's CPU time near {}% (docs/profiler.md)",
+                    100.0 * r.settings.timing_scale,
+                    if r.settings.share > 0 { r.settings.share } else { 40 }
                 )?;
             }
             if r.settings.changed > 0 {
@@ -1110,6 +1117,7 @@ pub(crate) fn test_report(stacks: Stacks) -> Report {
             inlined: false,
             windows: 2,
             density: 20,
+            share: 20,
             cpu_samples: true,
             drawn: true,
             changed: 0,

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The settings a `set` may change, and their bounds.
-pub(crate) const KEYS: &str = "samples=2..1000, windows=1..64, density=1..1000, epoch-ms=1..1000";
+pub(crate) const KEYS: &str = "samples=2..1000, windows=1..64, density=1..1000, share=1..90, epoch-ms=1..1000";
 
 /// The live sampling settings.
 pub(crate) struct Live {
     samples: AtomicU32,
     windows: AtomicU32,
     density: AtomicU32,
+    share: AtomicU32,
     epoch_ns: AtomicU64,
     whole_overflow: AtomicU64,
     changes: AtomicU32,
@@ -34,6 +35,7 @@ impl Live {
             samples: AtomicU32::new(s.samples),
             windows: AtomicU32::new(s.windows as u32),
             density: AtomicU32::new(s.density),
+            share: AtomicU32::new(s.share),
             epoch_ns: AtomicU64::new(s.epoch.as_nanos() as u64),
             whole_overflow: AtomicU64::new(0),
             changes: AtomicU32::new(0),
@@ -61,6 +63,17 @@ impl Live {
     /// [`Settings::density`] as set.
     pub(crate) fn density_setting(&self) -> u32 {
         self.density.load(Ordering::Relaxed)
+    }
+
+    /// The share of the threads' CPU time the profiler holds itself to
+    /// ([`Settings::share`] over 100).
+    pub(crate) fn share(&self) -> f64 {
+        f64::from(self.share_setting()) / 100.0
+    }
+
+    /// [`Settings::share`] as set (percent).
+    pub(crate) fn share_setting(&self) -> u32 {
+        self.share.load(Ordering::Relaxed)
     }
 
     /// The epoch's mean length.
@@ -92,13 +105,14 @@ impl Live {
     }
 
     /// Applies `KEY=VALUE` words (`samples`, `windows`, `density`,
-    /// `epoch-ms`), all
+    /// `share`, `epoch-ms`), all
     /// or none: a word that does not parse or is out of bounds changes
     /// nothing and says why. Returns the settings as they now stand.
     pub(crate) fn set(&self, words: &str) -> Result<String, String> {
         let mut samples = None;
         let mut windows = None;
         let mut density = None;
+        let mut share = None;
         let mut epoch = None;
         for w in words.split_whitespace() {
             let (k, v) = w
@@ -111,6 +125,7 @@ impl Live {
                 "samples" => samples = Some(within(2..=1000)?),
                 "windows" => windows = Some(within(1..=64)?),
                 "density" => density = Some(within(1..=1000)?),
+                "share" => share = Some(within(1..=90)?),
                 "epoch-ms" => {
                     let ms = v
                         .parse::<f64>()
@@ -122,7 +137,7 @@ impl Live {
                 _ => return Err(format!("unknown setting `{k}` ({KEYS})")),
             }
         }
-        if samples.is_none() && windows.is_none() && density.is_none() && epoch.is_none() {
+        if samples.is_none() && windows.is_none() && density.is_none() && share.is_none() && epoch.is_none() {
             return Err(format!("nothing to set ({KEYS})"));
         }
         if let Some(n) = samples {
@@ -134,6 +149,9 @@ impl Live {
         if let Some(n) = density {
             self.density.store(n, Ordering::Relaxed);
         }
+        if let Some(n) = share {
+            self.share.store(n, Ordering::Relaxed);
+        }
         if let Some(ns) = epoch {
             self.epoch_ns.store(ns, Ordering::Relaxed);
             self.rescale();
@@ -142,13 +160,14 @@ impl Live {
         Ok(self.describe())
     }
 
-    /// `samples=K windows=W density=D epoch-ms=E`.
+    /// `samples=K windows=W density=D share=S epoch-ms=E`.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "samples={} windows={} density={} epoch-ms={}",
+            "samples={} windows={} density={} share={} epoch-ms={}",
             self.samples(),
             self.windows(),
             self.density_setting(),
+            self.share_setting(),
             self.epoch().as_secs_f64() * 1e3
         )
     }
@@ -162,13 +181,21 @@ mod tests {
     fn a_set_changes_all_it_names_or_nothing() {
         let l = Live::new(&Settings::default());
         let before = l.describe();
-        assert_eq!(before, "samples=10 windows=2 density=20 epoch-ms=10");
+        assert_eq!(
+            before,
+            format!(
+                "samples=10 windows=2 density=20 share={} epoch-ms=10",
+                super::super::budget::DEFAULT_SHARE
+            )
+        );
         assert_eq!(l.whole_overflow(), window::WHOLE_OVERFLOW);
         for bad in [
             "samples=1",
             "samples=40 windows=0",
             "density=0",
             "density=1001 samples=40",
+            "share=0",
+            "share=91 density=10",
             "epoch-ms=x",
             "color=red",
             "samples",
@@ -179,10 +206,11 @@ mod tests {
         }
         assert_eq!(l.changes(), 0);
         assert_eq!(
-            l.set("samples=40 epoch-ms=20 density=10").unwrap(),
-            "samples=40 windows=2 density=10 epoch-ms=20"
+            l.set("samples=40 epoch-ms=20 density=10 share=25").unwrap(),
+            "samples=40 windows=2 density=10 share=25 epoch-ms=20"
         );
         assert_eq!(l.density(), 0.01);
+        assert_eq!(l.share(), 0.25);
         assert_eq!(
             (l.samples(), l.windows(), l.epoch()),
             (40, 2, Duration::from_millis(20))

@@ -454,6 +454,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
             inlined: p.settings.inlined,
             windows: p.live.windows() as u32,
             density: p.live.density_setting(),
+            share: p.live.share_setting(),
             changed: p.live.changes(),
             cpu_samples: p.settings.cpu_samples,
             drawn: true,

@@ -94,7 +94,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
     // The timed calls' scale for the next epoch (`super::budget`): from
     // the samples' share of profiler time, else the hooks' charged share.
     let charged = (cpu_epoch > 0.0).then(|| ((cpu_epoch - p_epoch) / cpu_epoch).clamp(0.0, 1.0));
-    let scale = s.budget.end_epoch(sampled.map(|t| t.share).or(charged));
+    let scale = s.budget.end_epoch(sampled.map(|t| t.share).or(charged), p.live.share());
     s.fold(p, x_now);
     let mut k = 0;
     while k < s.windowed.len() {

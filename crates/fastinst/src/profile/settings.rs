@@ -48,6 +48,12 @@ pub struct Settings {
     /// that do not fit wait or are dropped, so a lower density counts less,
     /// at less cost, and leaves more of the planned windows unopened.
     pub density: u32,
+    /// The share of the threads' CPU time, in percent, that the profiler
+    /// holds itself to by timing fewer calls (`FASTINST_PROFILE_SHARE`, 1
+    /// to 90, default 20; see `budget`): lower, call estimates less
+    /// biased by what the hooks cost beyond their charge, and fewer calls
+    /// timed.
+    pub share: u32,
 }
 
 impl Settings {
@@ -82,6 +88,7 @@ impl Default for Settings {
             inlined: false,
             windows: 2,
             density: 20,
+            share: super::budget::DEFAULT_SHARE,
             cpu_samples: true,
         }
     }
@@ -92,7 +99,8 @@ impl Settings {
     /// `FASTINST_PROFILE_SIGNAL` (`USR1`, `USR2` or a number) and
     /// `FASTINST_PROFILE_SAMPLER` (`clone`, `pthread`) and
     /// `FASTINST_PROFILE_WINDOWS` (1 to 64), `FASTINST_PROFILE_DENSITY`
-    /// (1 to 1,000) and `FASTINST_PROFILE_CPU`
+    /// (1 to 1,000), `FASTINST_PROFILE_SHARE` (1 to 90) and
+    /// `FASTINST_PROFILE_CPU`
     /// (`0`, `1`), and `FASTINST_INLINED` as every tool does
     /// (`FASTINST_INLINED`); an invalid value is reported
     /// and the default kept.
@@ -136,6 +144,15 @@ impl Settings {
                 Ok(n) if (1..=1000).contains(&n) => s.density = n,
                 _ => crate::log::error(format_args!(
                     "FASTINST_PROFILE_DENSITY: `{v}` is not a number in [1, 1000]; using 20"
+                )),
+            }
+        }
+        if let Some(v) = crate::env::var("FASTINST_PROFILE_SHARE") {
+            match v.trim().parse::<u32>() {
+                Ok(n) if (1..=90).contains(&n) => s.share = n,
+                _ => crate::log::error(format_args!(
+                    "FASTINST_PROFILE_SHARE: `{v}` is not a percentage in [1, 90]; using {}",
+                    super::budget::DEFAULT_SHARE
                 )),
             }
         }
