@@ -37,7 +37,7 @@
 //!
 //! JSON schema `fastinst-profile/4`: `{schema, program, pid, wall_ms,
 //! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined, changed,
-//! windows, cpu_samples, timing_scale}, overhead:
+//! windows, density, share, cpu_samples, drawn, timing_scale}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
 //! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, censored_frames, too_deep,
 //! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
@@ -408,9 +408,9 @@ pub struct SettingsOut {
     pub density: u32,
     /// The share of the threads' CPU time, in percent, the profiler held
     /// itself to by timing fewer calls (`FASTINST_PROFILE_SHARE`; see
-    /// [`SettingsOut::timing_scale`]); 0 in reports written before the
-    /// setting existed (which held 40) and in traces.
-    #[serde(default)]
+    /// [`SettingsOut::timing_scale`]); 40 in reports written before the
+    /// setting existed (the share they held), 0 in traces.
+    #[serde(default = "forty")]
     pub share: u32,
     /// Whether CPU samples were asked for (`FASTINST_PROFILE_CPU`); false
     /// in reports before schema 3 and in traces.
@@ -437,6 +437,11 @@ pub struct SettingsOut {
 /// The default of fields whose absence means "as set".
 fn one() -> f64 {
     1.0
+}
+
+/// The profiler's share before it was a setting.
+fn forty() -> u32 {
+    40
 }
 
 /// The profiler's own cost and losses.
@@ -730,7 +735,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
                     s,
                     "timing: {:.1}% of those calls on average, to hold the profiler's share of the program's CPU time near {}% (docs/profiler.md)",
                     100.0 * r.settings.timing_scale,
-                    if r.settings.share > 0 { r.settings.share } else { 40 }
+                    r.settings.share
                 )?;
             }
             if r.settings.changed > 0 {
@@ -1438,6 +1443,26 @@ mod tests {
             .expect("the edges' header");
         assert_eq!(rows, want);
         assert_eq!(edge_rows, want_edges);
+    }
+
+    #[test]
+    fn the_timing_line_names_the_share_held_and_older_reports_held_forty() {
+        let mut r = test_report(Stacks::default());
+        r.settings.timing_scale = 0.5;
+        r.settings.share = 20;
+        assert!(
+            render_text(&r).contains(
+                "timing: 50.0% of those calls on average, to hold the profiler's share of the program's CPU time near 20%"
+            ),
+            "{}",
+            render_text(&r)
+        );
+        r.settings.timing_scale = 1.0;
+        assert!(!render_text(&r).contains("timing:"), "nothing cut, no line");
+        let mut v = serde_json::to_value(&r.settings).unwrap();
+        v.as_object_mut().unwrap().remove("share");
+        let old: SettingsOut = serde_json::from_value(v).unwrap();
+        assert_eq!(old.share, 40, "a report from before the setting");
     }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]

@@ -19,9 +19,9 @@
 //! ([`Settings::share`](super::Settings::share), [`DEFAULT_SHARE`] unless
 //! set) and climbs back to 1 where it is under, by at most a factor of 2
 //! an epoch. The allocation between functions is kept; only its total
-//! shrinks. The
-//! timed calls keep their weights, so every figure stays unbiased, with
-//! the spread of fewer calls. The report gives the scale's mean.
+//! shrinks. The timed calls keep their weights, so every figure stays
+//! unbiased, with the spread of fewer calls. The report gives the scale's
+//! mean.
 
 /// The share of the threads' CPU time, in percent, the profiler is held
 /// to by timing fewer calls, unless set otherwise.
