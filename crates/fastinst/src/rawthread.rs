@@ -13,7 +13,7 @@
 //! `malloc`, stdio, `errno`, cancellation points, Rust `std` thread-locals,
 //! panics, or a lock that may park. Its code is atomics, the toggling code
 //! (which allocates nothing, not even for an error), and the two system
-//! calls made here ([`sleep`] and the exit).
+//! calls made here ([`wait`], [`wake_all`] and the exit).
 //!
 //! Its thread pointer points at a block of its own laid out as glibc lays
 //! out a thread's: the control block's self pointers, the stack-protector
@@ -127,21 +127,44 @@ pub(crate) unsafe fn spawn(entry: extern "C" fn(usize), arg: usize, tls_depth: u
     Ok(ret as i32)
 }
 
-/// Sleeps for `d` on the monotonic clock with the system call itself (no
-/// libc: `nanosleep` is a cancellation point that reads glibc's thread
-/// state). Signals are blocked in a raw thread, so it is never cut short.
-pub(crate) fn sleep(d: std::time::Duration) {
+/// Sleeps for up to `d` on the monotonic clock, or until [`wake_all`] on
+/// `word` once it no longer holds `seen`, with the futex system call itself
+/// (no libc: `nanosleep` is a cancellation point that reads glibc's
+/// thread state; callable from any thread; signals are blocked in a raw
+/// thread, so it is cut short only by a wake). A wake that comes
+/// between the caller's read of `seen` and the wait is not lost: the
+/// kernel compares the word first.
+pub(crate) fn wait(word: &std::sync::atomic::AtomicU32, seen: u32, d: std::time::Duration) {
     let ts = libc::timespec {
         tv_sec: d.as_secs() as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL) reads `ts`.
+    // SAFETY: futex(word, FUTEX_WAIT_PRIVATE, seen, &ts) reads the aligned
+    // word, which outlives the call, and `ts`; its relative timeout runs
+    // on the monotonic clock.
     unsafe {
         syscall(
-            libc::SYS_clock_nanosleep,
-            libc::CLOCK_MONOTONIC as usize,
-            0,
+            libc::SYS_futex,
+            word.as_ptr() as usize,
+            (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as usize,
+            seen as usize,
             &ts as *const libc::timespec as usize,
+            0,
+        )
+    };
+}
+
+/// Moves `word` on and wakes every thread in [`wait`] on it.
+pub(crate) fn wake_all(word: &std::sync::atomic::AtomicU32) {
+    word.fetch_add(1, std::sync::atomic::Ordering::Release);
+    // SAFETY: futex(word, FUTEX_WAKE_PRIVATE, i32::MAX) touches no memory
+    // but the word's wait queue.
+    unsafe {
+        syscall(
+            libc::SYS_futex,
+            word.as_ptr() as usize,
+            (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as usize,
+            i32::MAX as usize,
             0,
             0,
         )
@@ -195,12 +218,14 @@ pub(crate) fn set_timer_slack(ns: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
 
     static SEEN: AtomicU64 = AtomicU64::new(0);
+    static NEVER_WOKEN: AtomicU32 = AtomicU32::new(0);
 
     extern "C" fn body(arg: usize) {
-        sleep(std::time::Duration::from_millis(1));
+        wait(&NEVER_WOKEN, 0, std::time::Duration::from_millis(1));
         // Its own static TLS: the slot starts zeroed here, whatever the
         // creating thread holds (nothing follows the value: no sled runs
         // on either thread).
@@ -223,16 +248,44 @@ mod tests {
         // Sleeping does not: the clock moves by the wake-up alone, far less
         // than the time slept.
         let s0 = std::time::Instant::now();
-        sleep(std::time::Duration::from_millis(50));
+        let word = AtomicU32::new(0);
+        wait(&word, 0, std::time::Duration::from_millis(50));
         let slept = s0.elapsed().as_nanos() as u64;
         let c2 = thread_cpu_ns();
         assert!(c2 - c1 < slept / 2, "a {slept} ns sleep used {} ns of CPU", c2 - c1);
     }
 
     #[test]
+    fn a_wait_lasts_its_timeout_ends_at_a_wake_and_never_misses_one() {
+        // Unwoken, it lasts its timeout (the kernel may end it a little
+        // late, never early).
+        let word = AtomicU32::new(0);
+        let t0 = Instant::now();
+        wait(&word, 0, Duration::from_millis(20));
+        assert!(t0.elapsed() >= Duration::from_millis(20), "{:?}", t0.elapsed());
+        // A wake ends it long before its timeout.
+        let word = std::sync::Arc::new(AtomicU32::new(0));
+        let w = word.clone();
+        let waiter = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            wait(&w, 0, Duration::from_secs(30));
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        wake_all(&word);
+        let waited = waiter.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "woken after {waited:?}");
+        // A wake made before the wait began (the word moved from what the
+        // waiter read) ends it at once: none is lost.
+        let t0 = Instant::now();
+        wait(&word, 0, Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    #[test]
     fn a_raw_thread_runs_with_its_own_tls_and_exits() {
         crate::arch::tls::set_sled_shadow(41);
-        // SAFETY: `body` uses atomics, a TLS slot and `sleep` only.
+        // SAFETY: `body` uses atomics, a TLS slot and `wait` only.
         let tid = unsafe { spawn(body, 7, crate::arch::tls::depth()) }.expect("clone");
         assert!(tid > 0);
         let t0 = std::time::Instant::now();

@@ -669,6 +669,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
             windows_planned: 0,
             windows_opened: 0,
             windows_void: 0,
+            sampler_wakeups: 0,
             cpu_wait_share: crate::contention::wait_share(),
         },
         functions,

@@ -39,7 +39,7 @@
 //! tsc_mhz, settings: {samples_per_window, epoch_ms, inlined, changed,
 //! windows, density, share, cpu_samples, drawn, timing_scale}, overhead:
 //! {probes, functions, samples, samples_per_s, toggles, toggles_per_s,
-//! handler_ms, sampler_ms, unmatched_exits, abandoned_frames, censored_frames, too_deep,
+//! handler_ms, sampler_ms, sampler_wakeups, unmatched_exits, abandoned_frames, censored_frames, too_deep,
 //! no_cfa, no_thread, stacks_merged, inlined_copies_off, open_at_exit,
 //! windows_planned, windows_opened, windows_void, cpu_wait_share},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
@@ -466,6 +466,11 @@ pub struct Overhead {
     /// for it); 0 in reports written before it was recorded.
     #[serde(default)]
     pub sampler_ms: f64,
+    /// Times the sampler thread woke to open and close windows (its epochs'
+    /// turns aside); 0 in traces and in reports written before it was
+    /// recorded.
+    #[serde(default)]
+    pub sampler_wakeups: u64,
     /// Exits whose entry was not sampled (dropped).
     pub unmatched_exits: u64,
     /// Sampled activations left without an exit (longjmp, exceptions,
@@ -755,7 +760,7 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in hooks, {:.2} ms of sampler CPU",
+        "overhead: {} probes in {} functions; {} samples ({:.0}/s); {} toggles ({:.0}/s); {:.2} ms in hooks, {:.2} ms of sampler CPU{}",
         o.probes,
         o.functions,
         o.samples,
@@ -763,7 +768,12 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         o.toggles,
         o.toggles_per_s,
         o.handler_ms,
-        o.sampler_ms
+        o.sampler_ms,
+        if o.sampler_wakeups > 0 {
+            format!(" ({} wake-ups)", o.sampler_wakeups)
+        } else {
+            String::new()
+        }
     )?;
     writeln!(
         s,

@@ -257,6 +257,7 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
             counters: Counters::default(),
             start: Mutex::new((tsc::now(), Instant::now())),
             stop: AtomicBool::new(false),
+            nap: AtomicU32::new(0),
             dump: AtomicBool::new(false),
             rearm_skipped: AtomicU64::new(0),
             sampler_ns: AtomicU64::new(0),
@@ -353,7 +354,7 @@ pub(crate) fn set_settings(words: &str) -> Result<String, String> {
 /// without a profiler.
 pub(crate) fn end_for_detach(wait: std::time::Duration) -> bool {
     let Some(p) = get() else { return true };
-    p.stop.store(true, Ordering::Relaxed);
+    p.request_stop();
     crate::clock::set_cheap_exits(false);
     uncharged::freeze();
     cpusample::close_events();

@@ -89,7 +89,7 @@ pub(crate) fn snapshot_json() -> Option<String> {
 pub(crate) fn write_reports(on_demand: bool) {
     let Some(p) = get() else { return };
     if !on_demand {
-        p.stop.store(true, Ordering::Relaxed);
+        p.request_stop();
     }
     if registry::count() == 0 {
         return;

@@ -472,6 +472,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
                 .sum::<u64>()
                 .saturating_sub(p.hook_ticks_before) as f64),
             sampler_ms: p.sampler_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            sampler_wakeups: p.counters.wakeups.load(Ordering::Relaxed),
             unmatched_exits: c(|c| &c.unmatched_exits),
             abandoned_frames: c(|c| &c.abandoned),
             censored_frames: c(|c| &c.censored),

@@ -14,6 +14,7 @@ use crate::registry;
 use crate::Strategy;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use wordpatch::tsc;
 
 /// Switches the probes of `f`, a function counted whole, that are off
 /// back on, exits first so that no timed entry misses its exit; its calls
@@ -150,7 +151,7 @@ pub(super) fn epoch(p: &'static Profiler, due: &mut Vec<u32>, raw: bool, rng: &m
                 if overflow != 0 {
                     e.go_windowed_after_overflow(n as f64, overflow, p.exposed_from(t0), now, epoch_x, p_epoch);
                 } else {
-                    e.go_windowed(x_now, n as f64 / p_epoch);
+                    e.go_windowed_after_epoch(x_now, n as f64, p_epoch);
                 }
                 f.window.set_kind(Kind::Windowed);
                 s.windowed.push(i);
@@ -182,26 +183,43 @@ pub(super) fn first_sleep(p: &Profiler) -> Duration {
     p.live.epoch().min(Duration::from_millis(1))
 }
 
-/// Sleeps through an epoch of `d`, waking about every
-/// [`schedule::WAKE_US`] to open and close its windows.
-pub(super) fn sleep_epoch(p: &Profiler, d: Duration, raw: bool, rng: &mut u64) {
+/// Sleeps through an epoch of `d`, waking to open and close its windows:
+/// no sooner than about [`schedule::WAKE_US`] after the last wake-up, and
+/// otherwise at the next window's time or end ([`schedule::next_event`]),
+/// so that a stretch with no window due costs the program no wake-up. A
+/// stop ([`State::request_stop`](super::state::State::request_stop))
+/// ends the sleep at once.
+pub(super) fn sleep_epoch(p: &Profiler, d: Duration, rng: &mut u64) {
     let end = Instant::now() + d;
+    let mut next = {
+        let s = p.schedule.hold();
+        schedule::next_event(&s, tsc::now())
+    };
     loop {
+        let seen = p.nap.load(Ordering::Acquire);
         let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() || p.stop.load(Ordering::Relaxed) {
+        if left.is_zero() || p.stop.load(Ordering::Acquire) {
             return;
         }
         let u = (next_random(rng) >> 11) as f64 / (1u64 << 53) as f64;
-        let nap = left.min(Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u));
-        if raw {
-            crate::rawthread::sleep(nap);
-        } else {
-            std::thread::sleep(nap);
+        let least = Duration::from_micros(schedule::WAKE_US).mul_f64(0.5 + u);
+        let until_next = next.map_or(left, |at| {
+            Duration::from_nanos((at.saturating_sub(tsc::now()) as f64 / ticks_per_ns(p)) as u64)
+        });
+        let nap = least.max(until_next);
+        if nap >= left {
+            // To the epoch's end, whose turn opens what is due then.
+            crate::rawthread::wait(&p.nap, seen, left);
+            return;
         }
-        if !p.stop.load(Ordering::Relaxed) {
-            let mut s = p.schedule.hold();
-            schedule::wake(p, &mut s);
+        crate::rawthread::wait(&p.nap, seen, nap);
+        if p.stop.load(Ordering::Acquire) {
+            return;
         }
+        let mut s = p.schedule.hold();
+        schedule::wake(p, &mut s);
+        next = schedule::next_event(&s, tsc::now());
+        p.counters.wakeups.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -213,7 +231,7 @@ pub(super) fn sampler_pthread() {
     let mut rng = 0;
     let mut cur = first_sleep(p);
     while !p.stop.load(Ordering::Relaxed) {
-        sleep_epoch(p, cur, false, &mut rng);
+        sleep_epoch(p, cur, &mut rng);
         cur = next_sleep(p, &mut rng);
         epoch(p, &mut due, false, &mut rng, duration_ticks(p, cur));
         if p.dump.swap(false, Ordering::AcqRel) {
@@ -242,7 +260,7 @@ pub(super) extern "C" fn sampler_raw(arg: usize) {
     let mut rng = 0;
     let mut cur = first_sleep(p);
     while !p.stop.load(Ordering::Relaxed) {
-        sleep_epoch(p, cur, true, &mut rng);
+        sleep_epoch(p, cur, &mut rng);
         if p.stop.load(Ordering::Relaxed) {
             break;
         }

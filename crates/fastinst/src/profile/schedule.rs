@@ -11,8 +11,9 @@
 //! recent rate, between one wake-up of the sampler and [`MAX_WINDOW_US`].
 //!
 //! The sampler opens and closes every window itself, at its wake-ups
-//! (about every [`WAKE_US`], each interval drawn from half to one and a
-//! half times it, so that they keep no step with the program): a window
+//! (at most about every [`WAKE_US`], each interval drawn from half to one
+//! and a half times it, so that they keep no step with the program, and
+//! no sooner than the next window's time or end, [`next_event`]): a window
 //! opens at the first wake-up past its time, if the windows open leave
 //! room for it under the density setting's counted calls per tick of
 //! exposure ([`Settings::density`](super::Settings::density); a
@@ -44,14 +45,15 @@ use super::choose;
 use super::exposure::{Exposure, Reading};
 use super::functions::Func;
 use super::state::State;
-use super::window::Kind;
+use super::window::{self, Kind};
 use crate::probe::Handler;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use wordpatch::tsc;
 
-/// The sampler's mean interval between wake-ups
-/// (microseconds).
+/// The sampler's mean least interval between wake-ups
+/// (microseconds): it sleeps longer where no window opens or closes
+/// sooner ([`next_event`]).
 pub const WAKE_US: u64 = 150;
 
 /// Calls a window aims to hold.
@@ -67,10 +69,6 @@ pub const MAX_PER_EPOCH: usize = 2048;
 pub const MAX_OPEN: usize = 4096;
 /// Most windowed functions.
 pub const MAX_WINDOWED: usize = 65_536;
-
-/// The least exposure a counted call stands for (ticks): a window whose
-/// exposure is under this per call is void (see `close`).
-pub const MIN_TICKS_PER_CALL: f64 = 4.0;
 
 /// How many times its share of windows a bursty function may get.
 pub const MORE_MAX: f64 = 4.0;
@@ -309,6 +307,30 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
     swap(p, s, first);
 }
 
+/// When [`wake`] next has work (wall TSC): the first open window's end, or
+/// the first queued window's time after `now`; `None` where it has none
+/// before the epoch's end. A queued window that is due but did not fit
+/// waits for an open one to close, which is the first of these.
+///
+/// The sampler sleeps until then rather than waking at its usual
+/// interval regardless: a wake-up with nothing to do still cost the
+/// program a context switch and, where its threads filled the CPUs, the
+/// CPU time itself, which no hook's stamps see and so stayed in every
+/// long call's duration (docs/profiler.md, "The sampler's wake-ups").
+pub(crate) fn next_event(s: &Inner, now: u64) -> Option<u64> {
+    if !s.planned {
+        return None;
+    }
+    let close = s.open.iter().map(|w| w.until).min();
+    let rest = &s.queue[s.next.min(s.queue.len())..];
+    let due = rest.partition_point(|q| q.0 <= now);
+    let open = rest[due..].iter().find(|q| q.1 != TAKEN).map(|q| q.0);
+    match (close, open) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Ends the windows marked closing and starts those from `first` on:
 /// their counting stops and starts together, one reading of the clock
 /// ends the first and starts the second (a call counted on either side
@@ -470,7 +492,7 @@ fn close_marked(p: &State, s: &mut Inner, end: Reading) {
         // without bound (Lua's `luaV_mod` once read orders of magnitude
         // over its calls). No call of a program's own takes under a few
         // ticks.
-        if x < (n as f64 * MIN_TICKS_PER_CALL).max(1.0) {
+        if x < (n as f64 * window::MIN_TICKS_PER_CALL).max(1.0) {
             p.counters.windows_void.fetch_add(1, Ordering::Relaxed);
             continue;
         }

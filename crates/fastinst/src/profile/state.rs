@@ -55,6 +55,11 @@ pub(crate) struct State {
     pub(crate) counters: Counters,
     pub(crate) start: Mutex<(u64, Instant)>,
     pub(crate) stop: AtomicBool,
+    /// The word the sampler sleeps on between its wake-ups
+    /// ([`crate::rawthread::wait`]): moved by [`State::request_stop`], so
+    /// that a sampler sleeping to its next window or the epoch's end
+    /// leaves at once.
+    pub(crate) nap: AtomicU32,
     pub(crate) dump: AtomicBool,
     /// Probes the raw sampler left off because switching them on takes a
     /// word patch (a sled with no `ret` trampoline in reach).
@@ -76,6 +81,13 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Stops the sampler: it leaves its loop at its next look at
+    /// [`State::stop`], woken from its sleep for it.
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        crate::rawthread::wake_all(&self.nap);
+    }
+
     /// Adds a thread's store to the lock-free list.
     pub(crate) fn add_store(&self, s: &'static ThreadStore) {
         crate::spin::acquire(&self.stores_lock);

@@ -28,6 +28,8 @@ pub(crate) struct Counters {
     pub windows_planned: AtomicU64,
     pub windows_opened: AtomicU64,
     pub windows_void: AtomicU64,
+    /// The sampler's wake-ups to open and close windows.
+    pub wakeups: AtomicU64,
 }
 
 impl Counters {
@@ -39,8 +41,9 @@ impl Counters {
         c.store(c.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
     }
 
-    pub(crate) fn all(&self) -> [&AtomicU64; 13] {
+    pub(crate) fn all(&self) -> [&AtomicU64; 14] {
         [
+            &self.wakeups,
             &self.windows_void,
             &self.windows_planned,
             &self.windows_opened,

@@ -97,6 +97,13 @@ pub const WHOLE_OVERFLOW: u64 = 64;
 /// (`crates/benches/results/accuracy.md`).
 pub const HOOK_COST_SPREAD: f64 = 0.05;
 
+/// The least exposure a counted call stands for (ticks): no call of a
+/// program's own takes under a few ticks, so a window whose exposure is
+/// under this per call is void (`super::schedule`), and an epoch's count
+/// over less exposure than this per call gives no rate
+/// ([`Estimate::go_windowed_after_epoch`]).
+pub const MIN_TICKS_PER_CALL: f64 = 4.0;
+
 /// Whether a whole function's stubs count it ([`Window::take_stub_count`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -419,6 +426,27 @@ impl Estimate {
         self.mark = at;
     }
 
+    /// The function goes windowed at exposure `at`, its last whole epoch
+    /// having counted `n` calls over exposure `x`. That count over that
+    /// exposure is the rate that stands until its first windows, unless
+    /// the exposure is too small to read one from (under
+    /// [`MIN_TICKS_PER_CALL`] a call): then no rate is known, and the time
+    /// after `at` waits for the first windows' ([`Self::go_windowed_from`]).
+    ///
+    /// Why: exposure is CPU time less the hooks' and the samples' signals'
+    /// charges, and in an epoch a thread spent mostly asleep those can take
+    /// nearly all of it. A burst that began at the end of such an epoch
+    /// counted its calls over almost no exposure, and the rate carried from
+    /// there read many calls a tick: a short function's estimate came out
+    /// many times its calls, by orders of magnitude at worst.
+    pub(crate) fn go_windowed_after_epoch(&mut self, at: f64, n: f64, x: f64) {
+        if x >= (n * MIN_TICKS_PER_CALL).max(1.0) {
+            self.go_windowed(at, n / x);
+        } else {
+            self.go_windowed_from(at, 1.0 / MIN_TICKS_PER_CALL);
+        }
+    }
+
     /// The function goes windowed at exposure `at`, its count exact until
     /// then but no rate known (its count was cut short when it passed
     /// [`WHOLE_OVERFLOW`]: a rate over a stretch that ends on a count is
@@ -447,7 +475,9 @@ impl Estimate {
         p_epoch: f64,
     ) {
         let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
-        self.go_windowed_from(epoch_x + p_epoch * frac, n / (p_epoch * frac).max(1.0));
+        // A guess, and at most a call every few ticks (as above).
+        let x = (p_epoch * frac).max(n * MIN_TICKS_PER_CALL).max(1.0);
+        self.go_windowed_from(epoch_x + p_epoch * frac, n / x);
     }
 
     /// The function goes whole at exposure `at`: its windowed estimate is
@@ -592,6 +622,45 @@ mod tests {
         assert!(est < 100.0, "{est}");
         let gap_at_guess = 3.2e-3 * (1_100_000.0 - 20_000.0);
         assert!(sd >= 0.9 * gap_at_guess, "{sd} vs {gap_at_guess}");
+    }
+
+    /// A burst that began at the end of an epoch its thread spent asleep:
+    /// the whole count's 64 calls over a few ticks of exposure (the
+    /// samples' signal charge took nearly all of the epoch's CPU time).
+    /// Read as a rate, 64 calls in 8 ticks carried over the gap to the
+    /// first window made the estimate many times the calls; now that epoch
+    /// gives no rate, and the gap is taken at the first window's.
+    #[test]
+    fn an_epoch_count_over_almost_no_exposure_gives_no_rate() {
+        let mut e = Estimate {
+            counted: 64.0,
+            ..Default::default()
+        };
+        e.go_windowed_after_epoch(1_000.0, 64.0, 8.0);
+        // The next epoch's first window, 10,000 ticks in: a call every 10
+        // ticks, the truth throughout.
+        e.add_window(100, 1_000.0, 1_000.0, 0.0);
+        e.fold_epoch(11_000.0, 21_000.0);
+        let (est, sd, exact) = e.calls(21_000.0, true, 0.0);
+        assert!(!exact);
+        let truth = 64.0 + 0.1 * 20_000.0;
+        assert!((est - truth).abs() < 0.05 * truth, "{est} vs {truth}");
+        assert!(sd.is_finite(), "{sd}");
+        // Carried alone, with no window since, the guess is at most a call
+        // every few ticks, with a deviation to match.
+        let mut e = Estimate::default();
+        e.go_windowed_after_epoch(0.0, 64.0, 1e-9);
+        let (est, sd, _) = e.calls(1e6, true, 0.0);
+        assert!(est <= 1e6 / MIN_TICKS_PER_CALL, "{est}");
+        assert!(sd >= 0.5 * est, "{est} +- {sd}");
+        // An epoch with exposure enough for its calls gives its rate.
+        let mut e = Estimate::default();
+        e.go_windowed_after_epoch(0.0, 64.0, 6_400.0);
+        assert_eq!(e.last_rate, Some(0.01));
+        // And a cut count over almost no exposure likewise guesses no more.
+        let mut e = Estimate::default();
+        e.go_windowed_after_overflow(64.0, 101, 100, 10_100, 0.0, 100.0);
+        assert!(e.last_rate.unwrap() <= 1.0 / MIN_TICKS_PER_CALL, "{:?}", e.last_rate);
     }
 
     /// A thread body called once on each of four threads, in an epoch
