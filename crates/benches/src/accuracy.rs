@@ -35,6 +35,9 @@
 //! - calls within ±15% of exact, for every function with at least 1% of
 //!   all calls;
 //! - self share within ±2 points of perf's, for every function above 2%;
+//!   and, where it misses, whether it lies within three of the deviations
+//!   its run's count of samples gives it (a binomial count's): how many
+//!   misses the profile's own sampling explains;
 //! - inclusive time of `main` and the thread bodies within ±5% of the
 //!   top-level trace's;
 //! - the inclusive time of each function whose calls are checked within
@@ -134,6 +137,11 @@ pub struct ShareCheck {
     pub off: Option<f64>,
     /// The profile's share, per run (percent).
     pub profile: Vec<f64>,
+    /// Its standard deviation from the run's count of program samples
+    /// (percentage points, binomial: `fastinst_report::FunctionRow::self_sd_ms`'s,
+    /// for the share), per run; older results: none.
+    #[serde(default)]
+    pub profile_sd: Vec<f64>,
 }
 
 /// One top-level function's inclusive time.
@@ -260,6 +268,18 @@ impl Config {
                 .filter(|&(_, o)| o >= SELF_FLOOR_PCT)
                 .flat_map(|(s, o)| s.profile.iter().map(move |&x| (x - o).abs() <= SELF_TOLERANCE_PP)),
         )
+    }
+
+    /// Self shares within target of the plain build's, or within three of
+    /// their stated deviations ([`ShareCheck::profile_sd`]) of it: how many
+    /// of the misses the samples' count alone explains.
+    pub fn shares_sd_tally(&self) -> Tally {
+        tally(self.plain_shares().flat_map(|s| {
+            s.profile.iter().enumerate().map(move |(k, &x)| {
+                let sd = s.profile_sd.get(k).copied().unwrap_or(0.0);
+                (x - s.perf).abs() <= SELF_TOLERANCE_PP.max(3.0 * sd)
+            })
+        }))
     }
 
     fn plain_shares(&self) -> impl Iterator<Item = &ShareCheck> {
@@ -694,6 +714,11 @@ pub fn compare(
                 perf_runs: perf.plain.of(name),
                 off: off.as_ref().map(|o| o.get(name).copied().unwrap_or(0.0)),
                 profile: share_maps.iter().map(|m| m.get(name).copied().unwrap_or(0.0)).collect(),
+                profile_sd: profiles
+                    .iter()
+                    .zip(&share_maps)
+                    .map(|(r, m)| share_sd(m.get(name).copied().unwrap_or(0.0), r))
+                    .collect(),
             });
         }
         shares.sort_by(|a, b| b.perf.total_cmp(&a.perf));
@@ -815,6 +840,19 @@ pub fn compare(
     }
 }
 
+/// The standard deviation (percentage points) of a self share of
+/// `share` percent of report `r`'s program samples: a binomial count's;
+/// 0 without samples.
+fn share_sd(share: f64, r: &fastinst::profile::report::Report) -> f64 {
+    let Some(cpu) = &r.cpu else { return 0.0 };
+    let n = cpu.samples.saturating_sub(cpu.profiler_samples + cpu.lost) as f64;
+    if n < 1.0 {
+        return 0.0;
+    }
+    let p = (share / 100.0).clamp(0.0, 1.0);
+    100.0 * (p * (1.0 - p) / n).sqrt()
+}
+
 /// The top-level functions a trace saw: `main`, and the functions called
 /// from outside any instrumented function on threads other than the
 /// process's first (thread bodies), each once.
@@ -898,16 +936,17 @@ fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | totals in 3 sd of perf's | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp or 3 sd | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | totals in 3 sd of perf's | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
             c.calls_geomean(),
             c.shares_tally(),
+            c.shares_sd_tally(),
             c.shares_spread_tally(),
             c.shares_off_tally(),
             c.worst_share_pp(),
@@ -955,10 +994,18 @@ pub fn render_detail(c: &Config) -> String {
     }
     if !c.shares.is_empty() {
         s.push_str(
-            "\nself share (profile vs perf's mean over the plain build's runs (each run), and over the probes-off runs, percent):\n\n",
+            "\nself share (profile, each run with its samples' sd, vs perf's mean over the plain build's runs (each run), and over the probes-off runs, percent):\n\n",
         );
         for k in &c.shares {
-            let v: Vec<String> = k.profile.iter().map(|x| format!("{x:.1}")).collect();
+            let v: Vec<String> = k
+                .profile
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match k.profile_sd.get(i) {
+                    Some(sd) => format!("{x:.1} (sd {sd:.1})"),
+                    None => format!("{x:.1}"),
+                })
+                .collect();
             let r: Vec<String> = k.perf_runs.iter().map(|x| format!("{x:.1}")).collect();
             let off = k.off.map_or(String::new(), |o| format!(", off {o:.1}"));
             s.push_str(&format!(
@@ -1222,6 +1269,7 @@ mod tests {
             threads: vec![1],
             total_ms,
             self_share: Some(share),
+            self_sd_ms: 0.0,
             ..FunctionRow::default()
         };
         let report = |rows: Vec<FunctionRow>| rooted(rows, None);
@@ -1258,6 +1306,12 @@ mod tests {
         assert_eq!(names, ["main", "free", "tiny"]);
         // Against the plain mean: main off by 5, free by 3.
         assert_eq!(c.shares_tally(), Tally { ok: 0, of: 2 });
+        // The samples' count explains free's 3 points where its share's
+        // deviation is 1.2 (3 of them: 3.6), not main's 5 at 1.0.
+        let mut c = c;
+        c.shares[0].profile_sd = vec![1.0];
+        c.shares[1].profile_sd = vec![1.2];
+        assert_eq!(c.shares_sd_tally(), Tally { ok: 1, of: 2 });
         // Within 2 of the plain runs' range: main (49-61), not free (11-15).
         assert_eq!(c.shares_spread_tally(), Tally { ok: 1, of: 2 });
         // Against the probes-off mean: main, free and tiny all within 2.

@@ -590,6 +590,7 @@ fn collect(t: &Tracer, now: u64) -> Report {
                 self_ms: ms(a.self_ticks as f64),
                 cpu_samples: 0,
                 self_share: None,
+                self_sd_ms: 0.0,
                 mean_us: us(a.hist.iter().map(|(m, c)| m * c as f64).sum::<f64>() / a.timed.max(1) as f64),
                 min_us: us(a.min as f64),
                 p50_us: q(0.5),

@@ -217,6 +217,7 @@ mod tests {
                     self_ms: x(),
                     cpu_samples: i as u64,
                     self_share: if i % 2 == 1 { Some(x()) } else { None },
+                    self_sd_ms: 0.0,
                     mean_us: x(),
                     min_us: x(),
                     p50_us: x(),

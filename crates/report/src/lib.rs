@@ -44,7 +44,7 @@
 //! windows_planned, windows_opened, windows_void, cpu_wait_share},
 //! functions: [{name, address, calls_sampled, calls_estimated, calls_sd,
 //! calls_exact, total_ms, total_sd, recursive, total_capped, self_ms, cpu_samples,
-//! self_share, mean_us, min_us, p50_us, p90_us, p99_us, p50_range,
+//! self_share, self_sd_ms, mean_us, min_us, p50_us, p90_us, p99_us, p50_range,
 //! p90_range, p99_range ({lo, hi} or null; hi null: unbounded),
 //! calls_effective, max_us, threads:
 //! [tid]}], edges: [{caller, callee, calls_sampled, calls_estimated,
@@ -577,6 +577,14 @@ pub struct FunctionRow {
     /// taken.
     #[serde(default)]
     pub self_share: Option<f64>,
+    /// The standard deviation of [`FunctionRow::self_ms`] from the CPU
+    /// samples' count alone (binomial: the interval times
+    /// `sqrt(n (1 - n/N))` for `n` of the program's `N` samples); 0
+    /// without CPU samples, and in reports written before it was stated.
+    /// The text marks a self time `?` whose 95% range (1.96 of these)
+    /// reaches past 10% of it.
+    #[serde(default)]
+    pub self_sd_ms: f64,
     /// Mean sampled duration.
     pub mean_us: f64,
     /// Sampled duration statistics.
@@ -858,7 +866,8 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     }
     writeln!(
         s,
-        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation of sampling and hook charges (a long call, main or a thread body above all, also holds the profiler's slowing of the program beyond its charges, which no +- holds: the profiler time line measures its own code's part; docs/profiler.md); self: CPU samples"
+        "calls: = counted exactly, else estimated +- one standard deviation; total: inclusive, each outermost call once (~ recursive, ! capped at the run or at its callers'), +- one standard deviation of sampling and hook charges (a long call, main or a thread body above all, also holds the profiler's slowing of the program beyond its charges, which no +- holds: the profiler time line measures its own code's part; docs/profiler.md); self: CPU samples, ? where their count's 95% range (JSON: self_sd_ms) reaches past {:.0}% of it",
+        100.0 * PERCENTILE_MARK_TOLERANCE
     )?;
     writeln!(
         s,
@@ -908,7 +917,8 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
             ' '
         });
         line.fixed(9, f.total_sd, 3);
-        line.fixed(10, f.self_ms, 3);
+        line.fixed(9, f.self_ms, 3);
+        line.text.push(self_mark(f.self_ms, f.self_sd_ms));
         match f.self_share {
             Some(x) => line.fixed(6, x, 1),
             None => {
@@ -950,6 +960,17 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
         line.end(s)?;
     }
     Ok(())
+}
+
+/// The text report's mark after a self time: `?` where its 95% range
+/// from the samples' count (`1.96 sd`) reaches past
+/// [`PERCENTILE_MARK_TOLERANCE`] of it, as a percentile's.
+pub fn self_mark(self_ms: f64, sd_ms: f64) -> char {
+    if self_ms > 0.0 && 1.96 * sd_ms > PERCENTILE_MARK_TOLERANCE * self_ms {
+        '?'
+    } else {
+        ' '
+    }
 }
 
 /// The text report's mark after a percentile: `?` where its range
@@ -1333,6 +1354,19 @@ mod tests {
         }
     }
 
+    /// A self time is marked where its samples' count leaves its 95%
+    /// range wider than 10% of it: about 384 samples for a small share.
+    #[test]
+    fn a_self_time_of_few_samples_is_marked() {
+        // 400 samples of 0.5 ms, a small share: sd sqrt(400) = 20 samples.
+        assert_eq!(self_mark(200.0, 10.0), ' ');
+        // 100 samples: sd 10 samples, 20% at 95%.
+        assert_eq!(self_mark(50.0, 5.0), '?');
+        // None, or not sampled (sd 0): nothing to mark.
+        assert_eq!(self_mark(0.0, 0.0), ' ');
+        assert_eq!(self_mark(3.0, 0.0), ' ');
+    }
+
     /// The tables' rows, written by hand, are what `{:>W.P}` per field
     /// writes.
     #[test]
@@ -1364,6 +1398,7 @@ mod tests {
                 self_ms: num(),
                 cpu_samples: i as u64,
                 self_share: if i % 3 != 0 { Some(num()) } else { None },
+                self_sd_ms: if i % 2 == 0 { num() } else { 0.0 },
                 mean_us: num(),
                 min_us: num(),
                 p50_us: num(),
@@ -1409,7 +1444,7 @@ mod tests {
             let share = f.self_share.map_or("-".to_string(), |x| format!("{x:.1}"));
             writeln!(
                 want,
-                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>9.3} {:>10.3} {:>6} {:>9.2} {:>8.2}{} {:>8.2}{} {:>8.2}{} {:>9.2} {:>9.2}  {:<8} {}",
+                "{:>12.0} {:>9} {:>8} {:>10.3}{} {:>9.3} {:>9.3}{} {:>6} {:>9.2} {:>8.2}{} {:>8.2}{} {:>8.2}{} {:>9.2} {:>9.2}  {:<8} {}",
                 f.calls_estimated,
                 sd,
                 f.calls_sampled,
@@ -1417,6 +1452,7 @@ mod tests {
                 mark,
                 f.total_sd,
                 f.self_ms,
+                self_mark(f.self_ms, f.self_sd_ms),
                 share,
                 f.min_us,
                 f.p50_us,
