@@ -80,6 +80,13 @@ pub(crate) fn admit(m: &ProbeMeta) -> bool {
     false
 }
 
+/// Whether the environment set a filter (any function, exclusion or
+/// module glob): some functions may be left out.
+pub(crate) fn active() -> bool {
+    let f = FILTER.get_or_init(Filter::from_env);
+    !(f.functions.is_empty() && f.exclude.is_empty() && f.modules.is_empty())
+}
+
 /// Probes the filter switched off so far.
 pub(crate) fn refused() -> u64 {
     REFUSED.load(Ordering::Relaxed)

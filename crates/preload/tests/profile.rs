@@ -1069,6 +1069,42 @@ fn the_sampler_sleeps_through_a_quiet_stretch() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A function the filter leaves out costs its callers its NOPs and no
+/// more: in a `-finstrument-functions` build its exit calls too, which
+/// the profiler discovers and switches off at their first call. Its exit
+/// hook's cheap path (an exit below a timed call returns at once,
+/// before any look-up) had kept them from ever being discovered: `mid`
+/// and `leaf`, which run only inside `work`'s timed calls, ran the exit
+/// hook at every call all run, and with only `main` probed an
+/// interpreter spent a third of its CPU time there. The report counts
+/// every probe the filter switched off: each function's entry and exit.
+#[test]
+fn a_function_the_filter_leaves_out_keeps_no_exit_hook_on() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("filtered");
+    let inst = dir.join("inst");
+    build("gcc", &[&src("filtered.c")], &["-O2", FINSTRUMENT], &inst);
+    let prof = dir.join("profile");
+    let o = profiled(&inst, &[], &dir, &prof, &[("FASTINST_FUNCTIONS", "work")]);
+    let plain = dir.join("plain");
+    build("gcc", &[&src("filtered.c")], &["-O2"], &plain);
+    let want = ok_stdout(&std::process::Command::new(&plain).output().unwrap(), "plain");
+    assert_eq!(ok_stdout(&o, "profiled"), want);
+    let r = report(&prof);
+    let work = r.functions.iter().find(|f| f.name == "work").expect("work is profiled");
+    assert_eq!(work.calls_estimated, 20.0, "work counted whole");
+    assert!(
+        r.functions.iter().all(|f| f.name == "work" || f.calls_sampled == 0),
+        "only work is profiled: {:?}",
+        r.functions.iter().map(|f| &f.name).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        r.overhead.filtered_off, 6,
+        "main's, mid's and leaf's entry and exit probes switched off"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The number a test program printed on stderr after `key` and a space.
 fn stderr_figure(o: &std::process::Output, key: &str) -> f64 {
     String::from_utf8_lossy(&o.stderr)
