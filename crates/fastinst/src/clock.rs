@@ -26,7 +26,8 @@
 //! ([`ThreadClock::set_timed`]) has nothing to pair with, and returns at
 //! once, adding one to
 //! [`ThreadClock::fast_exits`], charged at that path's calibrated cost
-//! ([`fast_exit_cost`]).
+//! ([`fast_exit_cost`]); one in [`CHEAP_EXIT_LOOK_EVERY`] runs the whole
+//! hook, so that no exit call site stays undiscovered.
 //!
 //! Periods: a tool may cut time into periods ([`advance_period`]); each
 //! thread notes its hook ticks at its first hook of a period, which are its
@@ -421,6 +422,21 @@ fn hook_part(since: u64, now: u64) -> u64 {
 /// hook's stamped time.
 static UNSEEN_FI: AtomicU32 = AtomicU32::new(0);
 static UNSEEN_SLED: AtomicU32 = AtomicU32::new(0);
+
+/// One exit in this many that would take the exit hook's cheap path
+/// runs the whole hook instead (a power of two, at most 2^31: the stub
+/// tests the low bits of [`ThreadClock::fast_exits`]). The cheap path
+/// makes no look-up, so an exit call site that only ever took it was
+/// never discovered, and stayed on for good: the exits of functions a
+/// filter refused, and of inlined copies, none of which is ever timed.
+/// Through the whole hook each such site is discovered within this many
+/// of a thread's cheap exits, and its tool switches it off. What the whole
+/// hooks cost is in the cheap path's calibrated cost, which runs them at
+/// the same rate. Rare enough that an exit whose probe is on and known
+/// (a windowed function's, whose whole hook finds nothing to pair with)
+/// pays little for it (`crates/benches/results/accuracy.md`).
+pub const CHEAP_EXIT_LOOK_EVERY: u64 = 4096;
+const _: () = assert!(CHEAP_EXIT_LOOK_EVERY.is_power_of_two() && CHEAP_EXIT_LOOK_EVERY <= 1 << 31);
 
 /// Fraction bits of [`FAST_COST`] and [`FAST_EXIT_COST`]: a few ticks
 /// each, charged to millions of calls, so rounding them to whole ticks

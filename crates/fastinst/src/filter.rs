@@ -80,14 +80,6 @@ pub(crate) fn admit(m: &ProbeMeta) -> bool {
     false
 }
 
-/// Whether the filter names what is probed (function or module globs),
-/// which leaves every other function out; an exclusion alone leaves out
-/// only what it names.
-pub(crate) fn selects() -> bool {
-    let f = FILTER.get_or_init(Filter::from_env);
-    !(f.functions.is_empty() && f.modules.is_empty())
-}
-
 /// Probes the filter switched off so far.
 pub(crate) fn refused() -> u64 {
     REFUSED.load(Ordering::Relaxed)

@@ -1069,15 +1069,17 @@ fn the_sampler_sleeps_through_a_quiet_stretch() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A function the filter leaves out costs its callers its NOPs and no
-/// more: in a `-finstrument-functions` build its exit calls too, which
-/// the profiler discovers and switches off at their first call. Its exit
-/// hook's cheap path (an exit below a timed call returns at once,
-/// before any look-up) had kept them from ever being discovered: `mid`
-/// and `leaf`, which run only inside `work`'s timed calls, ran the exit
+/// A function the filter leaves out costs its callers its NOPs and little
+/// more: in a `-finstrument-functions` build its exit calls too are
+/// discovered and switched off. The exit hook's cheap path (an exit with
+/// no timed call to pair with returns at once, before any look-up) had
+/// kept them from ever being discovered: `mid` and `leaf` ran the exit
 /// hook at every call all run, and with only `main` probed an
-/// interpreter spent a third of its CPU time there. The report counts
-/// every probe the filter switched off: each function's entry and exit.
+/// interpreter spent a third of its CPU time there. Now one cheap exit in
+/// 4,096 runs the whole hook, which discovers its site. The report counts
+/// every probe the filter switched off: the three refused functions'
+/// entries and the exits of `mid` and `leaf` (millions of calls); `main`'s
+/// one exit may stay on, cheap.
 #[test]
 fn a_function_the_filter_leaves_out_keeps_no_exit_hook_on() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1098,9 +1100,10 @@ fn a_function_the_filter_leaves_out_keeps_no_exit_hook_on() {
         "only work is profiled: {:?}",
         r.functions.iter().map(|f| &f.name).collect::<Vec<_>>()
     );
-    assert_eq!(
-        r.overhead.filtered_off, 6,
-        "main's, mid's and leaf's entry and exit probes switched off"
+    assert!(
+        r.overhead.filtered_off >= 5,
+        "{} probes switched off: main's, mid's and leaf's entries, mid's and leaf's exits",
+        r.overhead.filtered_off
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

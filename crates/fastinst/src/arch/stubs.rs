@@ -53,8 +53,12 @@ macro_rules! hook_stub {
     // below where the thread's innermost timed call in flight called its
     // entry hook (`crate::clock::ThreadClock::set_timed`; the caller's
     // stack pointer before this call is `rsp + 8`): it counts the exit
-    // and returns. `rax`, `rcx` and the flags are free, as in the rest of
-    // the stub.
+    // and returns, but for one exit in `crate::clock::CHEAP_EXIT_LOOK_EVERY`
+    // (its count's low bits all clear), which runs the whole hook: the
+    // cheap path makes no look-up, so an exit call site that only ever
+    // took it was never discovered and never switched off (a function the
+    // filter refused, or an inlined copy, is never timed). `rax`, `rcx` and
+    // the flags are free, as in the rest of the stub.
     ($unclocked:path, $clocked:path, flag: $flag:path, end: $end:path, own: $own:literal, cheap: $cheap:path) => {
         core::arch::naked_asm!(
             concat!(".globl ", $own),
@@ -69,13 +73,18 @@ macro_rules! hook_stub {
             "lea rcx, [rsp + 24]",
             "cmp rcx, qword ptr [rax + {timed}]",
             "ja 4f",
-            "inc qword ptr [rax + {fast_exits}]",
+            "mov rcx, qword ptr [rax + {fast_exits}]",
+            "inc rcx",
+            "mov qword ptr [rax + {fast_exits}], rcx",
+            "test ecx, {look}",
+            "jz 4f",
             "ret",
             "4:",
             $crate::arch::stubs::hook_body!(),
             cheap = sym $cheap,
             timed = const $crate::clock::TIMED_OFFSET,
             fast_exits = const $crate::clock::FAST_EXITS_OFFSET,
+            look = const $crate::clock::CHEAP_EXIT_LOOK_EVERY - 1,
             clocked = sym $flag,
             unclocked = sym $unclocked,
             clocked_fast = sym $clocked,

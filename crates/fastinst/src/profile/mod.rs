@@ -288,16 +288,8 @@ pub fn install(out: PathBuf) -> crate::Result<()> {
     let calibrated = tsc::now();
     // A `-finstrument-functions` exit from below the innermost timed call
     // in flight on its thread has nothing to pair with: it returns from the
-    // hook at once. Not where a filter selects the functions probed: the
-    // cheap path returns before any look-up, so the exit calls of a
-    // function the filter refused, which is never timed, were never
-    // discovered and never switched off, and every one of them ran the
-    // hook all run (with only `main` probed, a third of an interpreter's
-    // CPU time). Run in full, each exit site is discovered at its first
-    // call and the filter switches it off. An exclusion alone keeps the
-    // cheap path: it leaves most functions in, whose exits cost less so,
-    // and the few it names keep theirs (docs/profiler.md).
-    crate::clock::set_cheap_exits(!crate::filter::selects());
+    // hook at once (but for one in `clock::CHEAP_EXIT_LOOK_EVERY`).
+    crate::clock::set_cheap_exits(true);
     // Entry calls discovered from now on count in stubs of their own, as
     // sleds do.
     crate::callcount::enable();
