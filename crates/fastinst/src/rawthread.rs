@@ -12,7 +12,7 @@
 //! The price is that such a thread must never enter the C library: no
 //! `malloc`, stdio, `errno`, cancellation points, Rust `std` thread-locals,
 //! panics, or a lock that may park. Its code is atomics, the toggling code
-//! (which allocates nothing, not even for an error), and the two system
+//! (which allocates nothing, not even for an error), and the system
 //! calls made here ([`wait`], [`wake_all`] and the exit).
 //!
 //! Its thread pointer points at a block of its own laid out as glibc lays

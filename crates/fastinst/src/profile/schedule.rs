@@ -316,7 +316,8 @@ pub(crate) fn wake(p: &State, s: &mut Inner) {
 /// interval regardless: a wake-up with nothing to do still cost the
 /// program a context switch and, where its threads filled the CPUs, the
 /// CPU time itself, which no hook's stamps see and so stayed in every
-/// long call's duration (docs/profiler.md, "The sampler's wake-ups").
+/// long call's duration (docs/profiler.md, "The sampler wakes only for
+/// windows").
 pub(crate) fn next_event(s: &Inner, now: u64) -> Option<u64> {
     if !s.planned {
         return None;
