@@ -849,8 +849,7 @@ fn share_sd(share: f64, r: &fastinst::profile::report::Report) -> f64 {
     if n < 1.0 {
         return 0.0;
     }
-    let p = (share / 100.0).clamp(0.0, 1.0);
-    100.0 * (p * (1.0 - p) / n).sqrt()
+    100.0 * fastinst::profile::report::count_sd(share / 100.0 * n, n) / n
 }
 
 /// The top-level functions a trace saw: `main`, and the functions called

@@ -962,6 +962,18 @@ fn text_to(r: &Report, s: &mut impl std::fmt::Write) -> std::fmt::Result {
     Ok(())
 }
 
+/// The standard deviation of a count of `k` of `n` samples (binomial,
+/// `sqrt(k (1 - k/n))`; 0 for none or all of them): a self time's in
+/// samples ([`FunctionRow::self_sd_ms`] over the interval), and a share's
+/// times `100/n`.
+pub fn count_sd(k: f64, n: f64) -> f64 {
+    if n <= 0.0 {
+        return 0.0;
+    }
+    let k = k.clamp(0.0, n);
+    (k * (1.0 - k / n)).sqrt()
+}
+
 /// The text report's mark after a self time: `?` where its 95% range
 /// from the samples' count (`1.96 sd`) reaches past
 /// [`PERCENTILE_MARK_TOLERANCE`] of it, as a percentile's.
@@ -1352,6 +1364,14 @@ mod tests {
             p50_us: self_ms,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_counts_deviation_is_binomial_and_none_at_either_end() {
+        assert_eq!(count_sd(0.0, 100.0), 0.0);
+        assert_eq!(count_sd(100.0, 100.0), 0.0);
+        assert_eq!(count_sd(50.0, 100.0), 5.0);
+        assert_eq!(count_sd(1.0, 0.0), 0.0, "no samples");
     }
 
     /// A self time is marked where its samples' count leaves its 95%

@@ -506,9 +506,7 @@ pub(crate) fn collect(p: &Profiler) -> Report {
 /// program that does not keep step with them this is what their scatter
 /// is; one that does can read further off (docs/profiler.md).
 fn self_sd(n: u64, of: u64, interval_us: f64) -> f64 {
-    let (n, of) = (n as f64, of.max(1) as f64);
-    let p = (n / of).min(1.0);
-    (n * (1.0 - p)).sqrt() * interval_us / 1e3
+    count_sd(n as f64, of.max(1) as f64) * interval_us / 1e3
 }
 
 /// The CPU samples, charged to functions.

@@ -493,7 +493,7 @@ fn close_marked(p: &State, s: &mut Inner, end: Reading) {
         // without bound (Lua's `luaV_mod` once read orders of magnitude
         // over its calls). No call of a program's own takes under a few
         // ticks.
-        if x < (n as f64 * window::MIN_TICKS_PER_CALL).max(1.0) {
+        if window::rate_of(n as f64, x).is_none() {
             p.counters.windows_void.fetch_add(1, Ordering::Relaxed);
             continue;
         }

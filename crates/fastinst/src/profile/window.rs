@@ -104,6 +104,14 @@ pub const HOOK_COST_SPREAD: f64 = 0.05;
 /// ([`Estimate::go_windowed_after_epoch`]).
 pub const MIN_TICKS_PER_CALL: f64 = 4.0;
 
+/// The rate of `n` calls over `x` ticks of exposure, where `x` is enough
+/// to read one from: at least [`MIN_TICKS_PER_CALL`] a call (and a tick);
+/// `None` where it is noise about zero. A window and a whole epoch are
+/// judged alike.
+pub(crate) fn rate_of(n: f64, x: f64) -> Option<f64> {
+    (x >= (n * MIN_TICKS_PER_CALL).max(1.0)).then(|| n / x)
+}
+
 /// Whether a whole function's stubs count it ([`Window::take_stub_count`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -440,10 +448,9 @@ impl Estimate {
     /// there read many calls a tick: a short function's estimate came out
     /// many times its calls, by orders of magnitude at worst.
     pub(crate) fn go_windowed_after_epoch(&mut self, at: f64, n: f64, x: f64) {
-        if x >= (n * MIN_TICKS_PER_CALL).max(1.0) {
-            self.go_windowed(at, n / x);
-        } else {
-            self.go_windowed_from(at, 1.0 / MIN_TICKS_PER_CALL);
+        match rate_of(n, x) {
+            Some(r) => self.go_windowed(at, r),
+            None => self.go_windowed_from(at, 1.0 / MIN_TICKS_PER_CALL),
         }
     }
 
@@ -476,8 +483,8 @@ impl Estimate {
     ) {
         let frac = (overflow.saturating_sub(t0) as f64 / now.saturating_sub(t0).max(1) as f64).min(1.0);
         // A guess, and at most a call every few ticks (as above).
-        let x = (p_epoch * frac).max(n * MIN_TICKS_PER_CALL).max(1.0);
-        self.go_windowed_from(epoch_x + p_epoch * frac, n / x);
+        let guess = rate_of(n, p_epoch * frac).unwrap_or(1.0 / MIN_TICKS_PER_CALL);
+        self.go_windowed_from(epoch_x + p_epoch * frac, guess);
     }
 
     /// The function goes whole at exposure `at`: its windowed estimate is
