@@ -1095,7 +1095,24 @@ fn a_function_the_filter_leaves_out_keeps_no_exit_hook_on() {
     assert_eq!(ok_stdout(&o, "profiled"), want);
     let r = report(&prof);
     let work = r.functions.iter().find(|f| f.name == "work").expect("work is profiled");
-    assert_eq!(work.calls_estimated, 20.0, "work counted whole");
+    // Counted whole, its count is exact; where a fast stretch held more
+    // than a window's threshold of its calls in one epoch it went windowed,
+    // and its estimate is held to the harness's bound.
+    println!(
+        "work: {} calls (exact: {}, sd {}); {} probes switched off",
+        work.calls_estimated, work.calls_exact, work.calls_sd, r.overhead.filtered_off
+    );
+    if work.calls_exact {
+        assert_eq!(work.calls_estimated, 20.0, "work counted whole");
+    } else {
+        let tol = (3.0 * work.calls_sd).max(0.15 * 20.0);
+        assert!(
+            (work.calls_estimated - 20.0).abs() <= tol,
+            "work's 20 calls estimated at {} +- {}",
+            work.calls_estimated,
+            work.calls_sd
+        );
+    }
     assert!(
         r.functions.iter().all(|f| f.name == "work" || f.calls_sampled == 0),
         "only work is profiled: {:?}",
