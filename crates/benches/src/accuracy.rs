@@ -168,6 +168,15 @@ pub struct InclusiveCheck {
     /// a run without per-thread samples: none).
     #[serde(default)]
     pub uncharged_ms: Vec<Option<(f64, f64)>>,
+    /// Per run of a single-threaded process (one thread in its CPU
+    /// samples, so a function that never blocks lasts its CPU time), the
+    /// function's threads' CPU samples outside the profiler's code (ms):
+    /// the program's own code's time under the profiler, which the
+    /// reference measures without it. Over the reference, how much the
+    /// profiler slowed the program's own code, which no charge takes off
+    /// (other runs, or older results: none).
+    #[serde(default)]
+    pub program_cpu_ms: Vec<Option<f64>>,
 }
 
 /// One function's inclusive time and its stated standard deviation.
@@ -320,6 +329,18 @@ impl Config {
                 ratio_ok(x - u, i.reference_ms, INCLUSIVE_TOLERANCE)
             })
         }))
+    }
+
+    /// Each single-threaded run's program code's CPU time over the
+    /// inclusive reference ([`InclusiveCheck::program_cpu_ms`]), for every
+    /// function checked: above 1, the profiler slowed the program's own
+    /// code by that much.
+    pub fn program_cpu_ratios(&self) -> Vec<f64> {
+        self.inclusive
+            .iter()
+            .filter(|i| i.reference_ms > 0.0)
+            .flat_map(|i| i.program_cpu_ms.iter().flatten().map(move |&x| x / i.reference_ms))
+            .collect()
     }
 
     /// Inclusive times whose distance from the trace's is within three of
@@ -762,6 +783,16 @@ pub fn compare(
                         p.cpu.as_ref()?.uncharged_ms(Some(&f.threads))
                     })
                     .collect(),
+                program_cpu_ms: profiles
+                    .iter()
+                    .zip(&runs)
+                    .map(|(p, r)| {
+                        let f = r.get(&name)?;
+                        let cpu = p.cpu.as_ref().filter(|c| c.threads.len() == 1)?;
+                        let t = cpu.profiler_time(Some(&f.threads))?;
+                        Some(t.cpu_ms - t.seen_ms)
+                    })
+                    .collect(),
                 name,
                 reference_ms,
                 reference_runs,
@@ -935,11 +966,11 @@ fn agree(r: Range, x: f64, traced: Option<Range>) -> bool {
 pub fn render_markdown(configs: &[Config], header: &str) -> String {
     let mut s = String::new();
     s.push_str(header);
-    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp or 3 sd | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | totals in 3 sd | totals in 3 sd of perf's | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n| program | build | calls ±15% | geomean | self ±2pp | self ±2pp or 3 sd | self ±2pp of plain's range | self ±2pp of probes off | worst pp | inclusive ±5% | inclusive ±5% less uncharged | program code's CPU / inclusive reference | totals in 3 sd | totals in 3 sd of perf's | p50/p99 ±10% | p50/p99 ranges meet | ranges in ±10% | p50/p99 ±10% of the checked alone | ranges meet theirs | trace again ±10% of trace | plain s | off s | profiled s |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for c in configs {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
             c.program,
             c.build,
             c.calls_tally(),
@@ -951,6 +982,10 @@ pub fn render_markdown(configs: &[Config], header: &str) -> String {
             c.worst_share_pp(),
             c.inclusive_tally(),
             c.inclusive_less_uncharged_tally(),
+            match c.program_cpu_ratios().as_slice() {
+                [] => "-".to_string(),
+                r => format!("{:.3}", crate::measure::median(r)),
+            },
             c.totals_tally(),
             c.totals_perf_tally(),
             c.percentiles_tally(),
@@ -1022,9 +1057,20 @@ pub fn render_detail(c: &Config) -> String {
             .profile_ms
             .iter()
             .enumerate()
-            .map(|(i, x)| match k.uncharged_ms.get(i).copied().flatten() {
-                Some((u, sd)) => format!("{x:.1} (uncharged {u:.1} +- {sd:.1})"),
-                None => format!("{x:.1}"),
+            .map(|(i, x)| {
+                let program = match k.program_cpu_ms.get(i).copied().flatten() {
+                    Some(p) if k.reference_ms > 0.0 => {
+                        format!(
+                            ", program code's CPU {p:.1}: {:.3} of the reference",
+                            p / k.reference_ms
+                        )
+                    }
+                    _ => String::new(),
+                };
+                match k.uncharged_ms.get(i).copied().flatten() {
+                    Some((u, sd)) => format!("{x:.1} (uncharged {u:.1} +- {sd:.1}{program})"),
+                    None => format!("{x:.1}"),
+                }
             })
             .collect();
         let r: Vec<String> = k.reference_runs.iter().map(|x| format!("{x:.1}")).collect();
@@ -1365,6 +1411,24 @@ mod tests {
         // figures stays a miss.
         assert_eq!(c.inclusive_tally(), Tally { ok: 0, of: 2 });
         assert_eq!(c.inclusive_less_uncharged_tally(), Tally { ok: 1, of: 2 });
+        // Two threads sampled: no program-code figure (a thread body's
+        // time holds its waits, and main's its joins).
+        assert!(c.program_cpu_ratios().is_empty() && main.program_cpu_ms[0].is_none());
+        // One thread: 220 samples of 500 us, 20 in the profiler's code:
+        // the program's own code took 100 ms of CPU, 1.0 of the reference.
+        let one = CpuOut {
+            interval_us: 500.0,
+            threads: vec![CpuThread {
+                samples: 220,
+                ..thread(1, 20, 2.0)
+            }],
+            ..CpuOut::default()
+        };
+        let c = demo_main(&trace, &top, &[report(112.0, Some(one))], None);
+        assert_eq!(c.inclusive[0].program_cpu_ms, [Some(100.0)]);
+        assert_eq!(c.program_cpu_ratios(), [1.0]);
+        assert!(render_detail(&c).contains("program code's CPU 100.0: 1.000 of the reference"));
+        assert!(render_markdown(std::slice::from_ref(&c), "").contains("| 1.000 |"));
     }
 
     /// The percentiles against the trace of the checked functions alone:
