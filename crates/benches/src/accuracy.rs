@@ -773,25 +773,22 @@ pub fn compare(
                     "trace's inclusive time",
                 )
             };
+            // Each run's CPU samples on the function's threads, and whether
+            // they are the whole process's (one thread).
+            let times: Vec<Option<(fastinst::profile::report::ProfilerTime, bool)>> = profiles
+                .iter()
+                .zip(&runs)
+                .map(|(p, r)| {
+                    let cpu = p.cpu.as_ref()?;
+                    Some((cpu.profiler_time(Some(&r.get(&name)?.threads))?, cpu.threads.len() == 1))
+                })
+                .collect();
             InclusiveCheck {
                 profile_ms: runs.iter().map(|r| r.get(&name).map_or(0.0, |f| f.total_ms)).collect(),
-                uncharged_ms: profiles
+                uncharged_ms: times.iter().map(|t| t.map(|(t, _)| t.uncharged_ms())).collect(),
+                program_cpu_ms: times
                     .iter()
-                    .zip(&runs)
-                    .map(|(p, r)| {
-                        let f = r.get(&name)?;
-                        p.cpu.as_ref()?.uncharged_ms(Some(&f.threads))
-                    })
-                    .collect(),
-                program_cpu_ms: profiles
-                    .iter()
-                    .zip(&runs)
-                    .map(|(p, r)| {
-                        let f = r.get(&name)?;
-                        let cpu = p.cpu.as_ref().filter(|c| c.threads.len() == 1)?;
-                        let t = cpu.profiler_time(Some(&f.threads))?;
-                        Some(t.cpu_ms - t.seen_ms)
-                    })
+                    .map(|t| t.filter(|&(_, one)| one).map(|(t, _)| t.cpu_ms - t.seen_ms))
                     .collect(),
                 name,
                 reference_ms,

@@ -1026,13 +1026,9 @@ fn many_short_functions_read_their_calls_near_the_count() {
 fn the_sampler_sleeps_through_a_quiet_stretch() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("quiet");
-    let inst = dir.join("inst");
-    build("gcc", &[&src("quiet.c")], &["-O2", SLED], &inst);
-    let prof = dir.join("profile");
-    let o = profiled(&inst, &[], &dir, &prof, &[]);
-    assert_eq!(ok_stdout(&o, "profiled"), "hot called 40000000 times\n");
+    let want = "hot called 40000000 times\n";
+    let (o, r) = profile_build_output(&dir, &src("quiet.c"), ("gcc", SLED), &[], &[], want);
     let burst_ms = stderr_figure(&o, "burst_ms");
-    let r = report(&prof);
     let wakeups = r.overhead.sampler_wakeups;
     // The least interval is half the mean, 75 us, and `hot` may keep
     // windows for an epoch or two past the burst; the epochs' turns are
@@ -1085,15 +1081,11 @@ fn the_sampler_sleeps_through_a_quiet_stretch() {
 fn a_function_the_filter_leaves_out_keeps_no_exit_hook_on() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("filtered");
-    let inst = dir.join("inst");
-    build("gcc", &[&src("filtered.c")], &["-O2", FINSTRUMENT], &inst);
-    let prof = dir.join("profile");
-    let o = profiled(&inst, &[], &dir, &prof, &[("FASTINST_FUNCTIONS", "work")]);
     let plain = dir.join("plain");
     build("gcc", &[&src("filtered.c")], &["-O2"], &plain);
     let want = ok_stdout(&std::process::Command::new(&plain).output().unwrap(), "plain");
-    assert_eq!(ok_stdout(&o, "profiled"), want);
-    let r = report(&prof);
+    let only_work = [("FASTINST_FUNCTIONS", "work")];
+    let r = profile_build(&dir, &src("filtered.c"), ("gcc", FINSTRUMENT), &[], &only_work, &want);
     let work = r.functions.iter().find(|f| f.name == "work").expect("work is profiled");
     // Counted whole, its count is exact; where a fast stretch held more
     // than a window's threshold of its calls in one epoch it went windowed,
@@ -1148,17 +1140,29 @@ fn sled_profile(dir: &Path, source: &Path, args: &[&str], env: &[(&str, &str)], 
 fn profile_build(
     dir: &Path,
     source: &Path,
-    (cc, flag): (&str, &str),
+    build: (&str, &str),
     args: &[&str],
     env: &[(&str, &str)],
     stdout: &str,
 ) -> Report {
+    profile_build_output(dir, source, build, args, env, stdout).1
+}
+
+/// [`profile_build`], with the profiled run's output (its stderr).
+fn profile_build_output(
+    dir: &Path,
+    source: &Path,
+    (cc, flag): (&str, &str),
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdout: &str,
+) -> (std::process::Output, Report) {
     let inst = dir.join("inst");
     build(cc, &[source], &["-O2", flag, "-pthread"], &inst);
     let prof = dir.join("profile");
     let o = profiled(&inst, args, dir, &prof, env);
     assert_eq!(ok_stdout(&o, "profiled"), stdout);
-    report(&prof)
+    (o, report(&prof))
 }
 
 /// A CPU sample is a signal, and a signal costs the thread it lands on

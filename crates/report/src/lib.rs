@@ -197,8 +197,15 @@ impl CpuOut {
     /// what was charged to them, and that figure's standard deviation (ms)
     /// ([`CpuOut::profiler_time`]).
     pub fn uncharged_ms(&self, tids: Option<&[i32]>) -> Option<(f64, f64)> {
-        let t = self.profiler_time(tids)?;
-        Some((t.seen_ms - t.charged_ms, t.seen_sd_ms))
+        Some(self.profiler_time(tids)?.uncharged_ms())
+    }
+}
+
+impl ProfilerTime {
+    /// The profiler's time in the samples beyond what was charged, and
+    /// that figure's standard deviation (ms).
+    pub fn uncharged_ms(&self) -> (f64, f64) {
+        (self.seen_ms - self.charged_ms, self.seen_sd_ms)
     }
 }
 
